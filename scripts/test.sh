@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test command: lint, then the whole suite (unit, e2e and bounded chaos tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ruff check sr tests bench examples
+exec python -m pytest -q "$@"

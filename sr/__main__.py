@@ -1,0 +1,3 @@
+from sr.cli import main
+
+raise SystemExit(main())

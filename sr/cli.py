@@ -1,0 +1,34 @@
+"""Command line entry point: `sr` and its alias `vllm-sr`.
+
+Thin on purpose: each subcommand parses its arguments and calls library code. Usage
+errors print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+SUBCOMMANDS = {
+    "serve": "sr.serve_cli",  # issue: foundation + router
+    "config": "sr.config.cli",
+    "worker": "sr.worker.cli",
+    "inventory": "sr.router.inventory_cli",
+}
+
+USAGE = "usage: sr {serve,worker,inventory,config} ..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    module_name = SUBCOMMANDS.get(command)
+    if module_name is None:
+        print(f"sr: unknown command {command!r}; {USAGE}", file=sys.stderr)
+        return 2
+    import importlib
+
+    module = importlib.import_module(module_name)
+    return module.main(rest)

@@ -1,0 +1,1 @@
+"""Canonical config: schema, load/dump/validate, placement."""

@@ -1,0 +1,133 @@
+"""The canonical config resource (SPEC section 3) as attrs classes.
+
+These classes are the in-memory form every other module reads. Loading, dumping and
+validation live in `sr.config.load`; placement rules (CLI flags -> replicas) in
+`sr.config.placement`. Field names are the YAML keys, except `global` (a Python keyword)
+which is `SrConfig.global_`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+EMBEDDED_DEFAULT_ARTIFACT = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_DEPLOYMENT = "primary"
+MAX_REPLICAS = 64
+EJECTION_CAP_MS = 3_600_000
+
+
+@attrs.define
+class InputLimits:
+    max_tokens: int = 256
+    overflow: str = "reject"  # reject | truncate
+
+
+@attrs.define
+class OutlierDetection:
+    consecutive_timeouts: int = 3  # 0 turns ejection off
+    base_ejection_ms: int = 30_000
+    max_ejection_ms: int | None = None  # default: 10 x base, capped at one hour
+    max_ejection_percent: int = 50
+
+    @property
+    def effective_max_ejection_ms(self) -> int:
+        if self.max_ejection_ms is not None:
+            return min(self.max_ejection_ms, EJECTION_CAP_MS)
+        return min(10 * self.base_ejection_ms, EJECTION_CAP_MS)
+
+
+@attrs.define
+class Replica:
+    """One placement: managed (`device`) or attached (`endpoint` + `model`)."""
+
+    device: str | None = None
+    endpoint: str | None = None
+    model: str | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self.endpoint is not None
+
+
+@attrs.define
+class Deployment:
+    artifact: str
+    provider: str = "model_runtime"
+    revision: str | None = None
+    profile: str = "exact"
+    input: InputLimits = attrs.Factory(InputLimits)
+    timeout_ms: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    # Single-worker shorthand; mutually exclusive with `replicas`.
+    device: str | None = None
+    endpoint: str | None = None
+    model: str | None = None
+    replicas: list[Replica] | None = None
+    outlier_detection: OutlierDetection = attrs.Factory(OutlierDetection)
+
+    def placements(self) -> list[Replica]:
+        """The normalised replica list: the shorthand is exactly one explicit replica."""
+        if self.replicas is not None:
+            return list(self.replicas)
+        if self.endpoint is not None:
+            return [Replica(endpoint=self.endpoint, model=self.model)]
+        return [Replica(device=self.device or "cpu")]
+
+
+@attrs.define
+class DecisionModel:
+    deployment: str = DEFAULT_DEPLOYMENT
+
+
+@attrs.define
+class System:
+    decision_model: DecisionModel = attrs.Factory(DecisionModel)
+
+
+@attrs.define
+class ModelCatalog:
+    deployments: dict[str, Deployment] = attrs.Factory(dict)
+    bindings: dict[str, str] = attrs.Factory(dict)
+    system: System = attrs.Factory(System)
+
+
+@attrs.define
+class RouterSettings:
+    enabled: bool = True
+
+
+@attrs.define
+class GlobalSection:
+    router: RouterSettings = attrs.Factory(RouterSettings)
+    model_catalog: ModelCatalog = attrs.Factory(ModelCatalog)
+
+
+@attrs.define
+class Listener:
+    host: str = "127.0.0.1"
+    port: int = 8899
+    api_keys: list[str] = attrs.Factory(list)
+
+
+@attrs.define
+class SrConfig:
+    global_: GlobalSection = attrs.Factory(GlobalSection)
+    listeners: list[Listener] = attrs.Factory(lambda: [Listener()])
+
+    @property
+    def deployments(self) -> dict[str, Deployment]:
+        return self.global_.model_catalog.deployments
+
+    @property
+    def default_deployment(self) -> str:
+        return self.global_.model_catalog.system.decision_model.deployment
+
+
+def default_config() -> SrConfig:
+    """The config `sr serve` writes when none exists: the embedded default model on cpu."""
+    cfg = SrConfig()
+    cfg.deployments[DEFAULT_DEPLOYMENT] = Deployment(
+        artifact=EMBEDDED_DEFAULT_ARTIFACT, replicas=[Replica(device="cpu")]
+    )
+    return cfg
