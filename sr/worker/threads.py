@@ -33,3 +33,26 @@ class ThreadContext:
 
 
 THREADS = ThreadContext()
+
+
+class ForwardRunner:
+    """Runs every forward of one worker at its thread count, on the device thread.
+
+    The engine calls `run(forward, padded_tokens)` for each batch and `unlock()` once the
+    golden check has passed. Adaptive learning (VLLM_SRUN_CPU_ADAPTIVE_THREADS) extends
+    this class; with learning off it simply runs at the configured count.
+    """
+
+    def __init__(self, threads: int, *, context: ThreadContext = THREADS) -> None:
+        self.threads = threads
+        self._context = context
+
+    def unlock(self) -> None:
+        """The golden check passed: exploration may start."""
+
+    def run(self, forward, padded_tokens: int):
+        with self._context.use(self.threads):
+            return forward()
+
+    def report(self) -> dict:
+        return {"mode": 0, "status": "off", "configured_threads": self.threads}
