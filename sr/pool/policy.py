@@ -171,8 +171,10 @@ class DeploymentPolicy:
     def refresh(self, now: float) -> None:
         """Emit state changes that happened by time alone (backoff or ejection ended)."""
         for rec in self.records:
-            if rec.on_probation and not rec.is_ejected(now) and rec.reported_state is (
-                ReplicaState.EJECTED
+            if (
+                rec.on_probation
+                and not rec.is_ejected(now)
+                and rec.reported_state is (ReplicaState.EJECTED)
             ):
                 self.events.emit(
                     "replica_readmitted",
@@ -197,9 +199,6 @@ class DeploymentPolicy:
     def next_wakeup(self, now: float) -> float | None:
         """The earliest future time at which some replica's overlay ends."""
         times = [
-            t
-            for rec in self.records
-            for t in (rec.backoff.until, rec.ejected_until)
-            if t > now
+            t for rec in self.records for t in (rec.backoff.until, rec.ejected_until) if t > now
         ]
         return min(times) if times else None

@@ -21,9 +21,7 @@ def make_policy(
     policy = DeploymentPolicy(
         "d", next_sequence=lambda: next(seq), outlier=outlier or OutlierDetection(), events=sink
     )
-    records = [
-        ReplicaRecord(replica_id=f"r{i}", deployment="d", placement="cpu") for i in range(n)
-    ]
+    records = [ReplicaRecord(replica_id=f"r{i}", deployment="d", placement="cpu") for i in range(n)]
     policy.publish(records, policy.outlier)
     if ready:
         for rec in records:

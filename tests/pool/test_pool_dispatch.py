@@ -13,7 +13,7 @@ from sr.pool.state import IllegalTransition, ReplicaState, check_transition
 
 
 def test_idle_sequential_requests_spread_evenly(make_policy):
-    policy, records, _ = make_policy(4)
+    policy, _records, _ = make_policy(4)
     counts = collections.Counter()
     for _ in range(12):
         res = policy.reserve(100, now=1.0)
@@ -23,7 +23,7 @@ def test_idle_sequential_requests_spread_evenly(make_policy):
 
 
 def test_fewest_outstanding_bytes_wins(make_policy):
-    policy, records, _ = make_policy(3)
+    policy, _records, _ = make_policy(3)
     big = policy.reserve(10_000, now=0)
     small = policy.reserve(10, now=0)
     assert {big.record.id, small.record.id} == {"r0", "r1"}
@@ -36,7 +36,7 @@ def test_fewest_outstanding_bytes_wins(make_policy):
 
 
 def test_zero_byte_requests_still_count_one(make_policy):
-    policy, records, _ = make_policy(2)
+    policy, _records, _ = make_policy(2)
     res = policy.reserve(0, now=0)
     assert res.record.outstanding_bytes == 1
     assert policy.reserve(0, now=0).record is not res.record
@@ -63,7 +63,7 @@ def test_release_is_exactly_once(make_policy):
 
 
 def test_no_ready_replica_is_unavailable(make_policy):
-    policy, records, _ = make_policy(2, ready=False)
+    policy, _records, _ = make_policy(2, ready=False)
     with pytest.raises(Unavailable):
         policy.reserve(1, now=0)
 
@@ -118,7 +118,7 @@ def test_incompatible_replica_gets_nothing(make_policy):
 
 
 def test_assignment_sequence_is_shared(make_policy):
-    policy, records, _ = make_policy(2)
+    policy, _records, _ = make_policy(2)
     a = policy.reserve(1, now=0)
     b = policy.reserve(1, now=0)
     assert b.record.last_assigned == a.record.last_assigned + 1

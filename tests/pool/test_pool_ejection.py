@@ -45,7 +45,7 @@ def test_rule1_ok_resets_the_count(make_policy):
 
 def test_rule2_threshold_ejects_for_base_and_probes(make_policy):
     od = OutlierDetection(consecutive_timeouts=2, base_ejection_ms=1000)
-    policy, (a, b), sink = make_policy(2, outlier=od)
+    policy, (a, b), _sink = make_policy(2, outlier=od)
     on(policy, a, Outcome.TIMEOUT, 10)
     on(policy, b, Outcome.OK, 10.5)
     assert on(policy, a, Outcome.TIMEOUT, 11) is True  # probe at once
@@ -137,7 +137,7 @@ def test_rule6_percent_cap_rounds_down_but_one_may_always_be_ejected(make_policy
 
 
 def test_rule6_fifty_percent_of_four_is_two(make_policy):
-    policy, recs, sink = make_policy(4, outlier=OutlierDetection(consecutive_timeouts=1))
+    policy, recs, _sink = make_policy(4, outlier=OutlierDetection(consecutive_timeouts=1))
     on(policy, recs[3], Outcome.TIMEOUT, 0)
     for r in recs[:3]:
         on(policy, r, Outcome.TIMEOUT, 0)
