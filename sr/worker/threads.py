@@ -1,23 +1,69 @@
-"""Per-process thread context: every forward declares its torch thread count.
+"""CPU threads: budgets, the per-process thread context, and the forward runner.
 
 torch's intra-op thread count is process-global, so two workers (or models) in one process
-would otherwise inherit each other's setting. Each forward runs inside
-`THREADS.use(n)`, which applies `n` only when it differs from what is in force.
+would otherwise inherit each other's setting. Each forward runs inside `THREADS.use(n)`,
+which applies `n` only when it differs from what is in force and holds the context for the
+whole forward, so forwards at different counts never overlap.
+
+`ForwardRunner` is the engine's seam: every batch goes through `run(forward, padded_tokens)`
+on the device thread. With VLLM_SRUN_CPU_ADAPTIVE_THREADS it also learns, per input-size
+bucket, which thread count is fastest (policy in `sr.worker.adaptive`), without ever
+serving an answer that differs from the configured count's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
+
+from sr.errors import UsageError
+from sr.events import EventSink
+from sr.worker.adaptive import (
+    DEFAULT_SETTINGS,
+    LearningSettings,
+    Outcome,
+    Step,
+    ThreadLearner,
+    allowed_thread_counts,
+)
+
+THREADS_ENV = "VLLM_SRUN_CPU_THREADS"
+ADAPTIVE_ENV = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
+MAX_DEFAULT_THREADS = 16
+
+
+def worker_thread_count(budget: int, env: Mapping[str, str]) -> int:
+    """Threads for one managed CPU worker: half the budget (1..16), or the env override."""
+    if budget < 1:
+        raise ValueError(f"CPU budget must be >= 1, got {budget}")
+    raw = env.get(THREADS_ENV)
+    if raw is None:
+        return max(1, min(MAX_DEFAULT_THREADS, budget // 2))
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UsageError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
+    return min(int(text), budget)
+
+
+def adaptive_mode(env: Mapping[str, str]) -> int:
+    """0 (off, also when unset), 1 (learn and report) or 2 (learned counts may serve)."""
+    raw = env.get(ADAPTIVE_ENV)
+    if raw is None:
+        return 0
+    text = raw.strip()
+    if text not in ("0", "1", "2"):
+        raise UsageError(f"{ADAPTIVE_ENV} must be 0, 1 or 2, got {raw!r}")
+    return int(text)
 
 
 class ThreadContext:
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._applied: int | None = None
         self.set_calls = 0  # how often torch.set_num_threads actually ran
 
     @contextlib.contextmanager
@@ -25,9 +71,10 @@ class ThreadContext:
         if threads < 1:
             raise ValueError(f"thread count must be >= 1, got {threads}")
         with self._lock:
-            if self._applied != threads:
+            # Compare with torch itself, not a cached value: code outside the context
+            # (a library, a test) may have changed the count behind our back.
+            if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
-                self._applied = threads
                 self.set_calls += 1
             yield
 
@@ -35,24 +82,143 @@ class ThreadContext:
 THREADS = ThreadContext()
 
 
+def bit_identical(a: Any, b: Any) -> bool:
+    """True when two results have the same dtype, shape and bytes (NaN and -0.0 included)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+            return False
+        if a.dtype.is_floating_point or a.dtype.is_complex:
+            a, b = _as_bits(a), _as_bits(b)
+        return torch.equal(a, b)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(bit_identical(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(bit_identical(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _as_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 class ForwardRunner:
     """Runs every forward of one worker at its thread count, on the device thread.
 
-    The engine calls `run(forward, padded_tokens)` for each batch and `unlock()` once the
-    golden check has passed. Adaptive learning (VLLM_SRUN_CPU_ADAPTIVE_THREADS) extends
-    this class; with learning off it simply runs at the configured count.
+    mode 0: always the configured count. mode 1/2: adaptive learning (see
+    `sr.worker.adaptive`); `budget` bounds the counts explored (default: the configured
+    count). The engine calls `unlock()` once the golden check has passed.
     """
 
-    def __init__(self, threads: int, *, context: ThreadContext = THREADS) -> None:
+    def __init__(
+        self,
+        threads: int,
+        *,
+        mode: int = 0,
+        budget: int | None = None,
+        settings: LearningSettings = DEFAULT_SETTINGS,
+        context: ThreadContext = THREADS,
+        events: EventSink | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if threads < 1:
+            raise ValueError(f"thread count must be >= 1, got {threads}")
+        if mode not in (0, 1, 2):
+            raise ValueError(f"adaptive mode must be 0, 1 or 2, got {mode}")
         self.threads = threads
+        self.mode = mode
         self._context = context
+        self._events = events if events is not None else EventSink()
+        self._clock = clock
+        self._state_lock = threading.Lock()  # report() comes from another thread
+        self._learner = (
+            ThreadLearner(
+                threads,
+                allowed_thread_counts(threads, budget if budget is not None else threads),
+                mode=mode,
+                settings=settings,
+            )
+            if mode
+            else None
+        )
 
     def unlock(self) -> None:
-        """The golden check passed: exploration may start."""
+        """The golden check passed: warm-up and exploration may start."""
+        if self._learner is not None:
+            with self._state_lock:
+                self._learner.unlock()
 
-    def run(self, forward, padded_tokens: int):
-        with self._context.use(self.threads):
-            return forward()
+    def run(self, forward: Callable[[], Any], padded_tokens: int) -> Any:
+        learner = self._learner
+        if learner is None:
+            with self._context.use(self.threads):
+                return forward()
+        with self._state_lock:
+            step = learner.plan(padded_tokens)
+        result, outcome = self._execute(step, forward)
+        with self._state_lock:
+            events = learner.record(step, padded_tokens, outcome)
+        for event in events:
+            self._events.emit(event.name, **event.fields)
+        return result
 
     def report(self) -> dict:
-        return {"mode": 0, "status": "off", "configured_threads": self.threads}
+        if self._learner is None:
+            return {"mode": 0, "status": "off", "configured_threads": self.threads}
+        with self._state_lock:
+            return self._learner.report()
+
+    # -- execution -------------------------------------------------------------------------
+
+    def _timed(self, threads: int, forward: Callable[[], Any]) -> tuple[Any, float]:
+        with self._context.use(threads):
+            start = self._clock()
+            result = forward()
+            return result, (self._clock() - start) * 1000.0
+
+    def _execute(self, step: Step, forward: Callable[[], Any]) -> tuple[Any, Outcome]:
+        if step.kind in ("plain", "warmup"):
+            with self._context.use(step.serve):
+                return forward(), Outcome()
+        if step.kind == "verify":
+            # Mode 2 window: the configured answer is computed first so that a drifting or
+            # failing learned count can always fall back to it.
+            assert step.shadow is not None
+            configured, _ = self._timed(step.shadow, forward)
+            try:
+                learned, _ = self._timed(step.serve, forward)
+            except Exception as exc:
+                return configured, Outcome(error=_describe(exc))
+            if bit_identical(learned, configured):
+                return learned, Outcome()
+            return configured, Outcome(identical=False)
+        return self._explore(step, forward)
+
+    def _explore(self, step: Step, forward: Callable[[], Any]) -> tuple[Any, Outcome]:
+        assert step.shadow is not None
+        shadow: tuple[Any, float] | None = None
+        error: str | None = None
+
+        def run_shadow() -> None:
+            nonlocal shadow, error
+            try:
+                shadow = self._timed(step.shadow, forward)
+            except Exception as exc:
+                error = _describe(exc)
+
+        if step.shadow_first:
+            run_shadow()
+        served, served_ms = self._timed(step.serve, forward)
+        if not step.shadow_first:
+            run_shadow()
+        if shadow is None:
+            return served, Outcome(error=error)
+        shadow_result, shadow_ms = shadow
+        return served, Outcome(
+            identical=bit_identical(served, shadow_result),
+            served_ms=served_ms,
+            shadow_ms=shadow_ms,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
