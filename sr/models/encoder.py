@@ -1,0 +1,139 @@
+"""EncoderModel: tokenizer + family backbone + pooling + optional classification head.
+
+The worker engine calls `tokenize`, `truncate`, `embed` and `classify_logits` on its one
+device thread. Rows go through the backbone packed (no padding), so a row's answer is the
+same alone or in any batch as far as the kernels allow; the worker's probe checks it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from sr.models.checkpoint import CheckpointLayout, UnsupportedModel, read_layout
+from sr.models.families import family_for
+from sr.models.pooling import pool
+
+
+def torch_device(device: str) -> torch.device:
+    """sr device names -> torch devices; ROCm builds of torch use the `cuda` namespace."""
+    if device.startswith("rocm"):
+        device = "cuda" + device[len("rocm") :]
+    return torch.device(device)
+
+
+class EncoderModel:
+    def __init__(
+        self,
+        artifact_dir: Path,
+        layout: CheckpointLayout,
+        backbone,
+        tokenizer: Tokenizer,
+        device: torch.device,
+    ):
+        self.artifact_dir = artifact_dir
+        self.layout = layout
+        self.backbone = backbone
+        self.device = device
+        self.tokenizer = tokenizer
+        self.max_position_embeddings: int = backbone.max_positions
+        self.max_seq_length: int | None = layout.max_seq_length
+        self.embedding_dim: int = backbone.hidden_size * len(layout.pooling_modes)
+        self.pooling_modes = layout.pooling_modes
+        self.normalize = layout.normalize
+        self.head_labels: list[str] | None = None
+        if backbone.has_head:
+            labels = list(layout.head_labels or [])
+            if len(labels) != backbone.num_labels:
+                raise UnsupportedModel(
+                    f"classifier has {backbone.num_labels} outputs but config.json names "
+                    f"{len(labels)} labels"
+                )
+            self.head_labels = labels
+        # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
+        empty = tokenizer.encode("").ids
+        self._suffix = empty[1:] if empty else []
+        self._min_tokens = len(empty)
+
+    @functools.cached_property
+    def weights_sha256(self) -> str:
+        digest = hashlib.sha256()
+        with open(self.artifact_dir / "model.safetensors", "rb") as weights:
+            for chunk in iter(lambda: weights.read(1 << 20), b""):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text with its special tokens, not truncated."""
+        if len(texts) == 1:
+            return [self.tokenizer.encode(texts[0]).ids]
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    def truncate(self, ids: list[int], max_tokens: int) -> list[int]:
+        """At most `max_tokens` ids, keeping the closing special token(s) such as [SEP]."""
+        if len(ids) <= max_tokens:
+            return ids
+        if max_tokens < self._min_tokens:
+            raise ValueError(f"max_tokens must be at least {self._min_tokens}, got {max_tokens}")
+        keep = max_tokens - len(self._suffix)
+        return ids[:keep] + self._suffix
+
+    def _pack(self, batch: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        if not batch:
+            raise ValueError("empty batch")
+        lengths = [len(row) for row in batch]
+        if min(lengths) < 1:
+            raise ValueError("a row has no tokens")
+        if max(lengths) > self.max_position_embeddings:
+            raise ValueError(
+                f"a row has {max(lengths)} tokens; the model takes at most "
+                f"{self.max_position_embeddings}"
+            )
+        flat = batch[0] if len(batch) == 1 else list(itertools.chain.from_iterable(batch))
+        ids = torch.tensor(flat, dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.backbone.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.backbone.vocab_size})")
+        return ids.to(self.device), lengths
+
+    def embed(self, batch: list[list[int]]) -> torch.Tensor:
+        """float32 [n, embedding_dim] on the CPU: pooled, normalised if the checkpoint says so."""
+        ids, lengths = self._pack(batch)
+        with torch.inference_mode():
+            hidden = self.backbone.hidden_states(ids, lengths)
+            return pool(hidden, lengths, self.pooling_modes, self.normalize).cpu()
+
+    def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
+        """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
+        if self.head_labels is None:
+            raise ValueError(f"{self.artifact_dir} has no classification head")
+        ids, lengths = self._pack(batch)
+        with torch.inference_mode():
+            hidden = self.backbone.hidden_states(ids, lengths)
+            starts = list(itertools.accumulate([0, *lengths[:-1]]))
+            return self.backbone.classify(hidden[starts]).cpu()
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # Shipped tokenizer.json files often pad/truncate to a fixed length (MiniLM: 128); the
+    # engine pads itself and truncates per the deployment's overflow policy.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def load_model(path: Path, device: str = "cpu") -> EncoderModel:
+    """Load a resolved model folder (see `resolve_artifact`) onto `device`."""
+    folder = Path(path)
+    layout = read_layout(folder)
+    family = family_for(layout.model_type)
+    target = torch_device(device)
+    weights = load_file(str(folder / "model.safetensors"), device="cpu")
+    backbone = family(layout.config, weights, target)
+    return EncoderModel(folder, layout, backbone, load_tokenizer(folder), target)

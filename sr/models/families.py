@@ -1,0 +1,28 @@
+"""Model families, keyed by config.json `model_type`.
+
+A family turns (config, safetensors weights, device) into an object with
+`hidden_states(ids [T], lengths) -> [T, H]` over packed rows, `hidden_size`,
+`max_positions`, `vocab_size`, `has_head` and, with a head, `classify(first_states)`.
+Adding a family (say RoBERTa) is one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sr.models.bert import BertEncoder
+from sr.models.checkpoint import UnsupportedModel
+
+FAMILIES: dict[str, Callable] = {
+    "bert": BertEncoder,
+}
+
+
+def family_for(model_type: str) -> Callable:
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        known = ", ".join(sorted(FAMILIES))
+        raise UnsupportedModel(
+            f"model_type {model_type!r} is not supported (supported: {known})"
+        ) from None

@@ -1,0 +1,45 @@
+"""Sentence-transformers pooling over packed rows, one row at a time.
+
+Each row is reduced over exactly its own tokens, so a row's vector does not depend on the
+other rows of the batch (no padding enters any sum).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _pool_row(tokens: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "mean":
+        return tokens.sum(0) / tokens.shape[0]
+    if mode == "cls":
+        return tokens[0]
+    if mode == "max":
+        return tokens.max(0).values
+    if mode == "mean_sqrt_len":
+        return tokens.sum(0) / math.sqrt(tokens.shape[0])
+    if mode == "lasttoken":
+        return tokens[-1]
+    if mode == "weightedmean":
+        # Position weights 1..n, as sentence-transformers' weighted mean.
+        weights = torch.arange(1, tokens.shape[0] + 1, device=tokens.device, dtype=tokens.dtype)
+        return (tokens * weights[:, None]).sum(0) / weights.sum()
+    raise ValueError(f"unknown pooling mode {mode!r}")
+
+
+def pool(
+    hidden: torch.Tensor, lengths: list[int], modes: tuple[str, ...], normalize: bool
+) -> torch.Tensor:
+    """hidden [T, H] of packed rows -> [n, H * len(modes)], L2-normalised if asked."""
+    rows = []
+    start = 0
+    for length in lengths:
+        tokens = hidden[start : start + length]
+        start += length
+        parts = [_pool_row(tokens, mode) for mode in modes]
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+    pooled = torch.stack(rows)
+    return F.normalize(pooled, p=2.0, dim=1) if normalize else pooled

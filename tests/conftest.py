@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny seeded-random BERT checkpoints (real MiniLM tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sr.models.testing import write_tiny_bert
+
+TINY_HEAD_LABELS = ["negative", "neutral", "positive"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny BERT: mean pooling + Normalize, no classification head."""
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_head_model_dir(tmp_path_factory) -> Path:
+    """A tiny BERT with a 3-label BertForSequenceClassification head."""
+    return write_tiny_bert(
+        tmp_path_factory.mktemp("tiny-bert-head"), seed=1, with_head=True, labels=TINY_HEAD_LABELS
+    )
