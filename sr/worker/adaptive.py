@@ -251,7 +251,7 @@ class ThreadLearner:
         if outcome.error is not None:
             why = f"{step.kind} run at {pair} in bucket {label} failed: {outcome.error}"
         else:
-            why = f"{pair} gave different bits in bucket {label} (tokens)"
+            why = f"{pair} gave different bits in bucket {label} tokens"
         self.stopped_reason = (
             f"{why}; learning stopped on this host, serving at {self.configured} threads"
         )
