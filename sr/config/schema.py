@@ -3,7 +3,8 @@
 These classes are the in-memory form every other module reads. Loading, dumping and
 validation live in `sr.config.load`; placement rules (CLI flags -> replicas) in
 `sr.config.placement`. Field names are the YAML keys, except `global` (a Python keyword)
-which is `SrConfig.global_`.
+which is `SrConfig.global_` (its YAML key is kept in the field metadata). Field order is
+the key order of the canonical dump.
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ EMBEDDED_DEFAULT_ARTIFACT = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DEPLOYMENT = "primary"
 MAX_REPLICAS = 64
 EJECTION_CAP_MS = 3_600_000
+PROVIDERS = ("model_runtime",)
+# `exact`: rows share a forward only when a load-time probe proves answers bit-identical;
+# `throughput`: rows always share forwards (answers may differ in the last bits).
+PROFILES = ("exact", "throughput")
+OVERFLOW_MODES = ("reject", "truncate")
+
+
+def yaml_key(field: attrs.Attribute) -> str:
+    """The YAML key of an attrs field (differs from the name only for `global_`)."""
+    return field.metadata.get("key", field.name)
 
 
 @attrs.define
@@ -51,8 +62,9 @@ class Replica:
 
 @attrs.define
 class Deployment:
-    artifact: str
     provider: str = "model_runtime"
+    # keyword-only so that it can stay second (canonical key order) without a default
+    artifact: str = attrs.field(kw_only=True)
     revision: str | None = None
     profile: str = "exact"
     input: InputLimits = attrs.Factory(InputLimits)
@@ -74,6 +86,11 @@ class Deployment:
             return [Replica(endpoint=self.endpoint, model=self.model)]
         return [Replica(device=self.device or "cpu")]
 
+    @property
+    def attached(self) -> bool:
+        """True when any placement is an attached worker (flags cannot resize it)."""
+        return any(r.attached for r in self.placements())
+
 
 @attrs.define
 class DecisionModel:
@@ -94,6 +111,7 @@ class ModelCatalog:
 
 @attrs.define
 class RouterSettings:
+    # sr has no semantic router yet; recorded for vllm-sr compatibility (docs/decisions.md)
     enabled: bool = True
 
 
@@ -112,7 +130,7 @@ class Listener:
 
 @attrs.define
 class SrConfig:
-    global_: GlobalSection = attrs.Factory(GlobalSection)
+    global_: GlobalSection = attrs.field(factory=GlobalSection, metadata={"key": "global"})
     listeners: list[Listener] = attrs.Factory(lambda: [Listener()])
 
     @property

@@ -1,0 +1,264 @@
+"""Semantic validation of a structured config: every rule, every issue, each with its path.
+
+`validate(cfg)` never raises; it returns the list of `ConfigIssue`s (empty when valid).
+Type and unknown-key problems are found earlier, on the raw YAML, by `sr.config.shape`.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from sr.config.schema import (
+    EJECTION_CAP_MS,
+    MAX_REPLICAS,
+    OVERFLOW_MODES,
+    PROFILES,
+    PROVIDERS,
+    Deployment,
+    OutlierDetection,
+    Replica,
+    SrConfig,
+)
+from sr.errors import ConfigIssue
+
+DEVICE_RE = re.compile(r"cpu|(cuda|rocm):(0|[1-9][0-9]{0,3})")
+# Names end up in URLs, metric labels and socket paths: keep them plain.
+DEPLOYMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CATALOG = "global.model_catalog"
+
+
+def device_error(device: str) -> str | None:
+    """Why `device` is not a valid device string, or None when it is."""
+    if DEVICE_RE.fullmatch(device):
+        return None
+    return f"invalid device {device!r}; expected cpu, cuda:N or rocm:N (N a GPU ordinal)"
+
+
+def endpoint_error(endpoint: str) -> str | None:
+    """Why `endpoint` is not an http(s)://host:port URL, or None when it is."""
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError as exc:
+        return f"invalid endpoint {endpoint!r}: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return f"invalid endpoint {endpoint!r}; expected http://HOST:PORT or https://HOST:PORT"
+    if not parts.hostname:
+        return f"invalid endpoint {endpoint!r}: missing host"
+    if port is None:
+        return f"invalid endpoint {endpoint!r}: missing port (e.g. {endpoint.rstrip('/')}:8100)"
+    if port == 0:
+        return f"invalid endpoint {endpoint!r}: port must be 1..65535"
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return f"invalid endpoint {endpoint!r}: credentials, query and fragment are not allowed"
+    return None
+
+
+def _positive(value: int | None, path: str, issues: list[ConfigIssue]) -> None:
+    if value is not None and value <= 0:
+        issues.append(ConfigIssue(path, f"must be a positive integer, got {value}"))
+
+
+def _check_replica(replica: Replica, path: str, issues: list[ConfigIssue]) -> None:
+    if replica.device is not None and replica.endpoint is not None:
+        issues.append(
+            ConfigIssue(
+                path, "a replica has either device (managed) or endpoint (attached), not both"
+            )
+        )
+    elif replica.device is None and replica.endpoint is None:
+        issues.append(
+            ConfigIssue(path, "a replica needs device (managed) or endpoint + model (attached)")
+        )
+    if replica.device is not None and (err := device_error(replica.device)):
+        issues.append(ConfigIssue(f"{path}.device", err))
+    if replica.endpoint is not None:
+        if err := endpoint_error(replica.endpoint):
+            issues.append(ConfigIssue(f"{path}.endpoint", err))
+        if not replica.model:
+            issues.append(
+                ConfigIssue(f"{path}.model", "an attached replica (endpoint) needs model")
+            )
+    elif replica.model is not None:
+        issues.append(
+            ConfigIssue(f"{path}.model", "model applies only to an attached replica (endpoint)")
+        )
+
+
+def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -> None:
+    if od.consecutive_timeouts < 0:
+        issues.append(
+            ConfigIssue(
+                f"{path}.consecutive_timeouts",
+                f"must be 0 (ejection off) or more, got {od.consecutive_timeouts}",
+            )
+        )
+    if not 0 < od.base_ejection_ms <= EJECTION_CAP_MS:
+        issues.append(
+            ConfigIssue(
+                f"{path}.base_ejection_ms",
+                f"must be 1..{EJECTION_CAP_MS}, got {od.base_ejection_ms}",
+            )
+        )
+    if od.max_ejection_ms is not None:
+        if od.max_ejection_ms > EJECTION_CAP_MS:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.max_ejection_ms",
+                    f"must be at most {EJECTION_CAP_MS} (one hour), got {od.max_ejection_ms}",
+                )
+            )
+        elif od.max_ejection_ms < od.base_ejection_ms:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.max_ejection_ms",
+                    f"must be at least base_ejection_ms ({od.base_ejection_ms}),"
+                    f" got {od.max_ejection_ms}",
+                )
+            )
+    if not 0 <= od.max_ejection_percent <= 100:
+        issues.append(
+            ConfigIssue(
+                f"{path}.max_ejection_percent", f"must be 0..100, got {od.max_ejection_percent}"
+            )
+        )
+
+
+def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> None:
+    if dep.provider not in PROVIDERS:
+        issues.append(
+            ConfigIssue(f"{path}.provider", f"unknown provider {dep.provider!r}; use model_runtime")
+        )
+    if not dep.artifact.strip():
+        issues.append(ConfigIssue(f"{path}.artifact", "must not be empty"))
+    if dep.profile not in PROFILES:
+        issues.append(
+            ConfigIssue(
+                f"{path}.profile", f"unknown profile {dep.profile!r}; one of {', '.join(PROFILES)}"
+            )
+        )
+    _positive(dep.input.max_tokens, f"{path}.input.max_tokens", issues)
+    if dep.input.overflow not in OVERFLOW_MODES:
+        issues.append(
+            ConfigIssue(
+                f"{path}.input.overflow",
+                f"unknown overflow {dep.input.overflow!r}; one of {', '.join(OVERFLOW_MODES)}",
+            )
+        )
+    for name in ("timeout_ms", "max_num_seqs", "max_num_batched_tokens"):
+        _positive(getattr(dep, name), f"{path}.{name}", issues)
+    budget = dep.max_num_batched_tokens
+    if budget is not None and dep.input.max_tokens > 0 and 0 < budget < dep.input.max_tokens:
+        issues.append(
+            ConfigIssue(
+                f"{path}.max_num_batched_tokens",
+                f"must be at least input.max_tokens ({dep.input.max_tokens}) so that one"
+                f" full-length input fits a batch, got {budget}",
+            )
+        )
+    if dep.replicas is not None:
+        for key in ("device", "endpoint", "model"):
+            if getattr(dep, key) is not None:
+                issues.append(
+                    ConfigIssue(
+                        f"{path}.{key}",
+                        f"deployment-level {key} cannot be combined with replicas;"
+                        " move it into a replica",
+                    )
+                )
+        if not dep.replicas:
+            issues.append(ConfigIssue(f"{path}.replicas", "must list at least one replica"))
+        if len(dep.replicas) > MAX_REPLICAS:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.replicas",
+                    f"at most {MAX_REPLICAS} replicas per deployment, got {len(dep.replicas)}",
+                )
+            )
+        for i, replica in enumerate(dep.replicas):
+            _check_replica(replica, f"{path}.replicas[{i}]", issues)
+    else:
+        # The shorthand is one replica whose keys sit on the deployment itself.
+        shorthand = Replica(device=dep.device, endpoint=dep.endpoint, model=dep.model)
+        if shorthand.device is None and shorthand.endpoint is None:
+            shorthand.device = "cpu"  # neither given: one worker on cpu
+        _check_replica(shorthand, path, issues)
+    _check_outlier(dep.outlier_detection, f"{path}.outlier_detection", issues)
+
+
+def _check_platforms(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
+    """Managed workers all run on this host, which has one GPU platform."""
+    platforms = {
+        r.device.split(":")[0]
+        for dep in cfg.deployments.values()
+        for r in dep.placements()
+        if r.device and r.device.startswith(("cuda:", "rocm:"))
+    }
+    if len(platforms) > 1:
+        issues.append(
+            ConfigIssue(
+                f"{CATALOG}.deployments",
+                "managed replicas mix cuda and rocm devices; one host runs one GPU platform",
+            )
+        )
+
+
+def validate(cfg: SrConfig) -> list[ConfigIssue]:
+    """Every semantic problem of `cfg`, each with its path; empty when it is valid."""
+    issues: list[ConfigIssue] = []
+    catalog = cfg.global_.model_catalog
+    if not catalog.deployments:
+        issues.append(ConfigIssue(f"{CATALOG}.deployments", "at least one deployment is required"))
+    for name, dep in catalog.deployments.items():
+        path = f"{CATALOG}.deployments.{name}"
+        if not DEPLOYMENT_NAME_RE.fullmatch(name):
+            issues.append(
+                ConfigIssue(
+                    path,
+                    "deployment names are 1-64 letters, digits, '.', '_' or '-',"
+                    " starting with a letter or digit",
+                )
+            )
+        _check_deployment(dep, path, issues)
+    _check_platforms(cfg, issues)
+    known = sorted(catalog.deployments)
+    for consumer, target in catalog.bindings.items():
+        if not consumer:
+            issues.append(ConfigIssue(f"{CATALOG}.bindings", "binding names must not be empty"))
+        if target not in catalog.deployments:
+            issues.append(
+                ConfigIssue(
+                    f"{CATALOG}.bindings.{consumer}",
+                    f"unknown deployment {target!r}; known: {', '.join(known) or 'none'}",
+                )
+            )
+    decision = catalog.system.decision_model.deployment
+    if catalog.deployments and decision not in catalog.deployments:
+        issues.append(
+            ConfigIssue(
+                f"{CATALOG}.system.decision_model.deployment",
+                f"unknown deployment {decision!r}; known: {', '.join(known)}",
+            )
+        )
+    _check_listeners(cfg, issues)
+    return issues
+
+
+def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
+    if not cfg.listeners:
+        issues.append(ConfigIssue("listeners", "at least one listener is required"))
+    seen: set[tuple[str, int]] = set()
+    for i, listener in enumerate(cfg.listeners):
+        path = f"listeners[{i}]"
+        if not listener.host.strip():
+            issues.append(ConfigIssue(f"{path}.host", "must not be empty"))
+        # 0 asks the OS for a free port (tests, embedding); see docs/decisions.md
+        if not 0 <= listener.port <= 65535:
+            issues.append(ConfigIssue(f"{path}.port", f"must be 0..65535, got {listener.port}"))
+        if (listener.host, listener.port) in seen and listener.port != 0:
+            issues.append(ConfigIssue(path, f"duplicate listener {listener.host}:{listener.port}"))
+        seen.add((listener.host, listener.port))
+        for j, key in enumerate(listener.api_keys):
+            if not key.strip():
+                issues.append(ConfigIssue(f"{path}.api_keys[{j}]", "api keys must not be empty"))

@@ -1,0 +1,111 @@
+"""`sr serve`: turn flags into the canonical config, write it, hand over to the router.
+
+    sr serve [MODEL] [-e|--engine] [--platform auto|cpu|cuda|rocm] [-dp N]
+             [--device-ids IDS] [--config FILE] [--host H] [--port P] [--threads N]
+             [--dry-run]
+
+The config file is the only state: flags are applied to it (creating the default config
+when the file is missing), the result is validated, and only then written, atomically and
+only when it changed. Usage errors are one line on stderr and exit status 2, with the
+file left byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from sr.config.arguments import OneLineArgumentParser, bounded_int, report_usage_error
+from sr.config.load import dump_config, load_config, validate, write_config_atomic
+from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
+from sr.config.schema import MAX_REPLICAS, default_config
+from sr.devices import gpu_inventory
+from sr.errors import ConfigError, UsageError
+
+PROG = "sr serve"
+
+
+def _parser() -> OneLineArgumentParser:
+    p = OneLineArgumentParser(prog=PROG, description="Serve the models of the sr config.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="artifact of the default deployment")
+    p.add_argument(
+        "-e", "--engine", action="store_true", help="write global.router.enabled: false"
+    )
+    p.add_argument("--platform", choices=PLATFORM_CHOICES, default="auto")
+    p.add_argument(
+        "-dp",
+        dest="data_parallel",
+        type=bounded_int(1, MAX_REPLICAS),
+        metavar="N",
+        help=f"workers of the default deployment (1..{MAX_REPLICAS})",
+    )
+    p.add_argument("--device-ids", metavar="IDS", help="host GPU indices, comma-separated")
+    p.add_argument("--config", default="config.yaml", help="default: ./config.yaml")
+    p.add_argument("--host", help="listener host (default: from the config)")
+    p.add_argument("--port", type=bounded_int(0, 65535), help="listener port")
+    p.add_argument("--threads", type=bounded_int(1), help="CPU threads per managed worker")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the resulting config; write nothing"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    try:
+        args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+        if args.host is not None and not args.host.strip():
+            raise UsageError("argument --host: must not be empty")
+    except UsageError as exc:
+        return report_usage_error(PROG, exc)
+
+    path = Path(args.config)
+    flags = ServeFlags(
+        model=args.model,
+        engine=args.engine,
+        platform=args.platform,
+        data_parallel=args.data_parallel,
+        device_ids=args.device_ids,
+    )
+    exists = path.exists()
+    try:
+        current = load_config(path) if exists else default_config()
+        inventory = gpu_inventory(env) if flags.places else []
+        new = apply_flags(current, flags, inventory, env)
+    except UsageError as exc:
+        return report_usage_error(PROG, exc)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(f"{PROG}: error: {path}: {issue}", file=sys.stderr)
+        return 2
+    issues = validate(new)
+    if issues:
+        for issue in issues:
+            print(f"{PROG}: error: the result would not validate: {issue}", file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        sys.stdout.write(dump_config(new))
+        return 0
+    wrote = not exists or new != current
+    if wrote:
+        try:
+            write_config_atomic(path, new)
+        except OSError as exc:
+            print(f"{PROG}: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+
+    try:
+        from sr.router.serve import run_sr_serve
+    except ImportError:
+        state = "written to" if wrote else "unchanged at"
+        print(
+            f"{PROG}: config {state} {path}; the router is not available in this build",
+            file=sys.stderr,
+        )
+        return 1
+    return run_sr_serve(
+        new, config_path=path, host=args.host, port=args.port, threads=args.threads
+    )
