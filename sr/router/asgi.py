@@ -1,0 +1,89 @@
+"""Small ASGI helpers for the router's front end: body reading with a cap, responses.
+
+The front end is a plain ASGI callable (no framework) to keep the per-request hop lean.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from sr.errors import InvalidRequest, RequestError, RequestTooLarge
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
+class ClientDisconnected(Exception):
+    """The caller closed the connection before its request body was complete."""
+
+
+def request_headers(scope: dict[str, Any], *names: bytes) -> list[bytes | None]:
+    """Values of the wanted (lower-case) headers, in the order asked; None if absent."""
+    wanted = {name: i for i, name in enumerate(names)}
+    found: list[bytes | None] = [None] * len(names)
+    for name, value in scope["headers"]:
+        index = wanted.get(name)
+        if index is not None:
+            found[index] = value
+    return found
+
+
+async def read_body(receive: Receive, content_length: bytes | None, max_bytes: int) -> bytes:
+    """The whole request body; RequestTooLarge as soon as it is known to exceed max_bytes."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise InvalidRequest("Content-Length header is not an integer") from None
+        if declared > max_bytes:
+            raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > max_bytes:
+                raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_response(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    content_type: bytes = b"application/json",
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, payload: Any) -> None:
+    await send_response(send, status, json.dumps(payload, separators=(",", ":")).encode())
+
+
+async def send_error(send: Send, error: RequestError) -> None:
+    extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send_response(send, error.status, error.body(), extra)
+
+
+def error_body(status: int, code: str, message: str) -> tuple[int, bytes]:
+    return status, json.dumps({"error": {"code": code, "message": message}}).encode()

@@ -1,0 +1,130 @@
+"""Router-side result cache for single-worker deployments (SPEC section 5).
+
+A deterministic encoder gives the same answer to the same request, so a single-worker
+deployment can answer repeats without a forward. The key is the route plus the canonical
+JSON of the body without `model` (callers may name the deployment or its artifact) and
+without any deadline (that travels in a header). Only 200 answers are kept. Any change of
+the deployment's readiness clears its entries, because a restarted or replaced worker may
+hold different weights. Multi-replica deployments bypass the cache: each worker keeps its
+own, and a router-side copy would hide which replica answered.
+
+Pure: no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from typing import Any
+
+from sr.errors import ConfigError, ConfigIssue
+
+RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
+DEFAULT_RESULT_CACHE_ENTRIES = 4096
+
+
+def result_cache_entries_from_env(environ: dict[str, str] | None = None) -> int:
+    """Entries per deployment from VLLM_SRUN_RESULT_CACHE; 0 turns the cache off."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RESULT_CACHE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_RESULT_CACHE_ENTRIES
+    text = raw.strip()
+    if not text.isdigit():
+        raise ConfigError(
+            [ConfigIssue(RESULT_CACHE_ENV, f"must be a non-negative integer, got {raw!r}")]
+        )
+    return int(text)
+
+
+def cache_key(path: str, body: dict[str, Any]) -> str:
+    """The route plus the canonical JSON of the body minus `model`."""
+    content = {k: v for k, v in body.items() if k != "model"}
+    return path + "\n" + json.dumps(content, sort_keys=True, separators=(",", ":"))
+
+
+class LruCache:
+    """A bounded mapping that forgets the least recently used entry first."""
+
+    def __init__(self, max_entries: int):
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> bytes | None:
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        if self.max_entries == 0:
+            return
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+class ResultCache:
+    """Per-deployment LRU caches of worker answer bodies, for single-worker deployments."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._by_deployment: dict[str, LruCache] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def configure(self, replicas_by_deployment: dict[str, int]) -> None:
+        """Enable caching for exactly the single-worker deployments; drops every entry."""
+        self._by_deployment = {
+            name: LruCache(self.max_entries)
+            for name, replicas in replicas_by_deployment.items()
+            if replicas == 1 and self.max_entries > 0
+        }
+
+    def enabled_for(self, deployment: str) -> bool:
+        return deployment in self._by_deployment
+
+    def get(self, deployment: str, key: str) -> bytes | None:
+        cache = self._by_deployment.get(deployment)
+        if cache is None:
+            return None
+        value = cache.get(key)
+        if value is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return value
+
+    def put(self, deployment: str, key: str, status: int, body: bytes) -> bool:
+        """Keep `body` if the deployment caches and the answer is a 200; True if kept."""
+        cache = self._by_deployment.get(deployment)
+        if cache is None or status != 200:
+            return False
+        cache.put(key, body)
+        return True
+
+    def clear(self, deployment: str) -> None:
+        cache = self._by_deployment.get(deployment)
+        if cache is not None:
+            cache.clear()
+
+    def entries(self, deployment: str) -> int:
+        cache = self._by_deployment.get(deployment)
+        return 0 if cache is None else len(cache)
+
+    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+        """EventSink listener: a replica state change is a readiness change."""
+        if event == "replica_state":
+            deployment = fields.get("deployment")
+            if isinstance(deployment, str):
+                self.clear(deployment)

@@ -1,0 +1,107 @@
+"""Reloading the config file into a running router (SIGHUP or POST /api/v1/reload).
+
+The file is read and validated first; an invalid file never reaches the pool. The pool
+prepares the new replicas before publishing them and keeps the old config serving when that
+fails (SPEC section 5). Only after the pool accepted the new config does the front end adopt
+it (artifacts, API keys, cache eligibility). One reload at a time: a second one asked for
+while the first runs is refused rather than queued, so callers learn the outcome they caused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from sr.config.schema import SrConfig
+from sr.errors import ConfigError, RequestError, SrError
+from sr.events import EventSink
+
+_log = logging.getLogger("sr.events")
+
+
+class InvalidConfig(RequestError):
+    status, code = 400, "invalid_config"
+
+
+class ReloadFailed(RequestError):
+    status, code = 409, "reload_failed"
+
+
+class ReloadInProgress(RequestError):
+    status, code = 409, "reload_in_progress"
+
+
+def reload_summary(config: SrConfig, pool_result: Any = None) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "status": "reloaded",
+        "deployments": {
+            name: {"artifact": d.artifact, "replicas": len(d.placements())}
+            for name, d in config.deployments.items()
+        },
+    }
+    if isinstance(pool_result, dict):
+        summary["pool"] = pool_result
+    return summary
+
+
+class ConfigReloader:
+    def __init__(
+        self,
+        core: Any,
+        config_path: str | os.PathLike,
+        *,
+        current: SrConfig,
+        adopt: Callable[[SrConfig], None],
+        events: EventSink,
+    ):
+        self.core = core
+        self.config_path = config_path
+        self.current = current
+        self._adopt = adopt
+        self._events = events
+        self._lock = trio.Lock()
+
+    async def reload(self) -> dict[str, Any]:
+        """Re-read the file and apply it; InvalidConfig, ReloadFailed or ReloadInProgress."""
+        if self._lock.locked():
+            raise ReloadInProgress("a reload is already in progress")
+        async with self._lock:
+            from sr.config.load import load_config
+
+            try:
+                new = load_config(self.config_path)
+            except ConfigError as error:
+                self._events.emit("config_reload_rejected", path=str(self.config_path),
+                                  error=str(error))  # fmt: skip
+                raise InvalidConfig(f"{self.config_path}: {error}") from None
+            try:
+                pool_result = await self.core.reload(new)
+            except SrError as error:
+                self._events.emit("config_reload_failed", error=str(error))
+                raise ReloadFailed(
+                    f"reload failed, the previous config keeps serving: {error}"
+                ) from None
+            except Exception as error:
+                _log.exception("config_reload_failed")
+                raise ReloadFailed(
+                    f"reload failed, the previous config keeps serving: {type(error).__name__}:"
+                    f" {error}"
+                ) from None
+            summary = reload_summary(new, pool_result)
+            if _listener_changed(self.current, new):
+                summary["notes"] = ["listener host/port changes take effect at the next start"]
+            self.current = new
+            self._adopt(new)
+            self._events.emit("config_reloaded", deployments=summary["deployments"])
+            return summary
+
+
+def _listener_changed(old: SrConfig, new: SrConfig) -> bool:
+    def address(config: SrConfig) -> tuple[str, int] | None:
+        return (config.listeners[0].host, config.listeners[0].port) if config.listeners else None
+
+    return address(old) != address(new)

@@ -1,0 +1,233 @@
+"""`sr serve` runtime and the embeddable `serve` (SPEC section 9).
+
+`serve(config)` opens the pool, listens at once (so /health and /startup-status answer while
+workers load; /ready is 503 until every deployment has a ready replica), waits for
+readiness, and serves until its handle's `shutdown()` (graceful: stop accepting, finish
+in-flight requests, then drain and stop every worker) or until it is cancelled.
+`task_status.started(handle)` fires once the socket is listening, not once ready: an
+embedding program can then watch startup over HTTP or `await handle.core.wait_ready(...)`.
+
+`run_sr_serve` is the process around it: JSON logs on stderr, startup lines on stdout,
+SIGINT/SIGTERM drain and exit 0, SIGHUP reloads the config file, startup failure exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from sr.config.schema import Listener, SrConfig
+from sr.errors import ConfigError, RequestError, SrError
+from sr.events import EventSink
+from sr.router.app import RouterApp
+from sr.router.cache import ResultCache, result_cache_entries_from_env
+from sr.router.logs import configure_logging
+from sr.router.metrics import RouterMetrics
+from sr.router.reload import ConfigReloader
+from sr.router.startup import StartupProgress
+
+# In-flight HTTP requests get this long to finish after shutdown() before they are cut.
+HTTP_GRACE_S = 10.0
+
+
+@attrs.define(eq=False)
+class ServingRouter:
+    """What `nursery.start(serve, config)` returns: the listening URL and the live pool."""
+
+    url: str
+    core: Any
+    app: RouterApp
+    reloader: ConfigReloader | None
+    _stop: trio.Event = attrs.field(factory=trio.Event, alias="stop")
+
+    def shutdown(self) -> None:
+        """Begin a graceful stop; `serve` returns once workers are stopped."""
+        self._stop.set()
+
+
+def _hypercorn_config(host: str, port: int) -> HypercornConfig:
+    http = HypercornConfig()
+    http.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    http.accesslog = None
+    http.errorlog = logging.getLogger("sr.http")
+    http.graceful_timeout = HTTP_GRACE_S
+    http.keep_alive_timeout = 75.0  # benchmark and proxy clients keep connections open
+    return http
+
+
+async def serve(
+    config: SrConfig,
+    *,
+    config_path: str | os.PathLike | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    events: EventSink | None = None,
+    threads: int | None = None,
+    in_process: bool = False,
+    ready_timeout_s: float | None = None,
+    open_router: Callable[..., Any] | None = None,
+    out: TextIO | None = None,
+    task_status: trio.TaskStatus[ServingRouter] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `config` over HTTP until shut down or cancelled; raises SrError on startup failure.
+
+    `ready_timeout_s=None` lets the pool apply VLLM_SRUN_READY_TIMEOUT.
+    """
+    events = events if events is not None else EventSink()
+    listener = config.listeners[0] if config.listeners else Listener()
+    host = host or listener.host
+    port = listener.port if port is None else port
+    cache = ResultCache(result_cache_entries_from_env())
+    progress = StartupProgress(out)
+    events.subscribe(progress.on_event)
+    events.subscribe(cache.on_event)
+    if open_router is None:
+        from sr.pool import open_router
+    async with open_router(config, events=events, in_process=in_process, threads=threads) as core:
+        metrics = RouterMetrics(core.inventory)
+        events.subscribe(metrics.on_event)
+        app = RouterApp(core, config, metrics=metrics, cache=cache)
+        reloader = None
+        if config_path is not None:
+            reloader = ConfigReloader(
+                core, config_path, current=config, adopt=app.apply_config, events=events
+            )
+            app.set_reload(reloader.reload)
+        stop = trio.Event()
+        failure: list[SrError] = []
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                _serve_http, app, _hypercorn_config(host, port), stop, nursery.cancel_scope
+            )
+            url = binds[0]
+            handle = ServingRouter(url=url, core=core, app=app, reloader=reloader, stop=stop)
+            events.emit("router_listening", url=url)
+            progress.listening(url)
+            task_status.started(handle)
+            try:
+                await core.wait_ready(ready_timeout_s)
+            except SrError as error:
+                failure.append(error)
+                events.emit("startup_failed", error=str(error))
+                handle.shutdown()
+            else:
+                progress.ready(url)
+                events.emit("router_ready", url=url)
+        if failure:
+            raise failure[0]
+
+
+async def _serve_http(
+    app: RouterApp,
+    http: HypercornConfig,
+    stop: trio.Event,
+    done: trio.CancelScope,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Hypercorn until `stop` (graceful: in-flight requests finish), then end the serve."""
+    await hypercorn_serve(app, http, shutdown_trigger=stop.wait, task_status=task_status)
+    done.cancel()
+
+
+def run_sr_serve(
+    config: SrConfig,
+    *,
+    config_path: str | os.PathLike | None,
+    host: str | None,
+    port: int | None,
+    threads: int | None,
+) -> int:
+    """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails."""
+    configure_logging()
+    try:
+        return trio.run(_run_process, config, config_path, host, port, threads)
+    except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
+        return 0
+
+
+class _Started:
+    """A task_status that hands the ServingRouter to the signal loop."""
+
+    def __init__(self) -> None:
+        self.handle: ServingRouter | None = None
+        self.event = trio.Event()
+
+    def started(self, value: ServingRouter) -> None:
+        self.handle = value
+        self.event.set()
+
+
+async def _run_process(
+    config: SrConfig,
+    config_path: str | os.PathLike | None,
+    host: str | None,
+    port: int | None,
+    threads: int | None,
+) -> int:
+    failure: list[BaseException] = []
+    started = _Started()
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with trio.open_signal_receiver(*wanted) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def serve_then_stop() -> None:
+                try:
+                    await serve(
+                        config, config_path=config_path, host=host, port=port,
+                        threads=threads, task_status=started,
+                    )  # fmt: skip
+                except (SrError, OSError) as error:
+                    failure.append(error)
+                finally:
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(serve_then_stop)
+            nursery.start_soon(_handle_signals, signals, started, nursery)
+    if failure:
+        print(f"sr serve: startup failed: {_one_line(failure[0])}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+async def _handle_signals(signals: Any, started: _Started, nursery: trio.Nursery) -> None:
+    stopping = False
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            nursery.start_soon(_reload_on_hangup, started.handle)
+        elif stopping or started.handle is None:
+            # A second Ctrl-C, or one before listening: stop now. The pool's exit still
+            # stops every worker it started.
+            nursery.cancel_scope.cancel()
+        else:
+            stopping = True
+            print("sr: stopping (draining requests and workers)", flush=True)
+            started.handle.shutdown()
+
+
+async def _reload_on_hangup(handle: ServingRouter | None) -> None:
+    if handle is None or handle.reloader is None:
+        print("sr: SIGHUP ignored: no config file to reload", file=sys.stderr, flush=True)
+        return
+    try:
+        summary = await handle.reloader.reload()
+    except RequestError as error:
+        print(f"sr: reload failed: {error.message}", file=sys.stderr, flush=True)
+        return
+    counts = ", ".join(f"{name}={d['replicas']}" for name, d in summary["deployments"].items())
+    print(f"sr: config reloaded ({counts})", flush=True)
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, ConfigError):
+        return "; ".join(str(issue) for issue in error.issues)
+    text = str(error) or type(error).__name__
+    return " ".join(text.split())

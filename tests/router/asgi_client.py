@@ -1,0 +1,61 @@
+"""Drive an ASGI app in-process: one request, the whole answer, no sockets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import trio
+
+
+@attrs.define
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def call(
+    app,
+    method: str,
+    path: str,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    chunks: int = 1,
+    disconnect_after_body: trio.Event | None = None,
+) -> Answer | None:
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    body = body or b""
+    raw_headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {"type": "http", "method": method, "path": path, "headers": raw_headers}
+    size = max(1, len(body) // chunks) if body else 1
+    pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+    messages = [
+        {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
+        for i, piece in enumerate(pieces)
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        if disconnect_after_body is not None:
+            await disconnect_after_body.wait()
+        else:
+            await trio.sleep_forever()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    if not sent:
+        return None
+    start = sent[0]
+    headers_out = {k.decode(): v.decode() for k, v in start["headers"]}
+    return Answer(start["status"], headers_out, b"".join(m.get("body", b"") for m in sent[1:]))

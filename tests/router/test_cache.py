@@ -1,0 +1,97 @@
+"""Result cache: LRU order, keys, 200-only, readiness clears, env parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from sr.errors import ConfigError
+from sr.router.cache import (
+    DEFAULT_RESULT_CACHE_ENTRIES,
+    LruCache,
+    ResultCache,
+    cache_key,
+    result_cache_entries_from_env,
+)
+
+
+def test_lru_evicts_least_recently_used():
+    lru = LruCache(2)
+    lru.put("a", b"1")
+    lru.put("b", b"2")
+    assert lru.get("a") == b"1"  # a is now the most recent
+    lru.put("c", b"3")
+    assert lru.get("b") is None
+    assert lru.get("a") == b"1"
+    assert lru.get("c") == b"3"
+    assert len(lru) == 2
+
+
+def test_zero_entries_keeps_nothing():
+    lru = LruCache(0)
+    lru.put("a", b"1")
+    assert lru.get("a") is None
+
+
+def test_key_ignores_model_and_key_order_but_not_route_or_content():
+    a = cache_key("/v1/embeddings", {"model": "primary", "input": ["x", "y"], "k": 1})
+    b = cache_key("/v1/embeddings", {"k": 1, "input": ["x", "y"], "model": "/abs/path"})
+    assert a == b
+    assert a != cache_key("/v1/classify", {"input": ["x", "y"], "k": 1})
+    assert a != cache_key("/v1/embeddings", {"input": ["y", "x"], "k": 1})
+
+
+def test_only_single_worker_deployments_cache_and_only_200s():
+    cache = ResultCache(8)
+    cache.configure({"solo": 1, "pair": 2})
+    assert cache.enabled_for("solo")
+    assert not cache.enabled_for("pair")
+    assert not cache.put("pair", "k", 200, b"x")
+    assert not cache.put("solo", "k", 503, b"x")
+    assert cache.get("solo", "k") is None
+    assert cache.put("solo", "k", 200, b"answer")
+    assert cache.get("solo", "k") == b"answer"
+    assert (cache.hits, cache.misses) == (1, 1)
+
+
+def test_readiness_change_clears_only_that_deployment():
+    cache = ResultCache(8)
+    cache.configure({"a": 1, "b": 1})
+    cache.put("a", "k", 200, b"1")
+    cache.put("b", "k", 200, b"2")
+    cache.on_event("replica_ejected", {"deployment": "a"})  # not a readiness event
+    assert cache.entries("a") == 1
+    cache.on_event("replica_state", {"deployment": "a", "replica": "a-0", "state": "restarting"})
+    assert cache.entries("a") == 0
+    assert cache.get("b", "k") == b"2"
+
+
+def test_reconfigure_drops_entries_and_follows_replica_counts():
+    cache = ResultCache(8)
+    cache.configure({"a": 1})
+    cache.put("a", "k", 200, b"1")
+    cache.configure({"a": 2})
+    assert not cache.enabled_for("a")
+    cache.configure({"a": 1})
+    assert cache.get("a", "k") is None
+
+
+def test_cache_off_with_zero():
+    cache = ResultCache(0)
+    cache.configure({"a": 1})
+    assert not cache.enabled_for("a")
+
+
+@pytest.mark.parametrize(
+    ("value", "entries"),
+    [(None, DEFAULT_RESULT_CACHE_ENTRIES), ("", DEFAULT_RESULT_CACHE_ENTRIES), ("0", 0),
+     ("17", 17), (" 5 ", 5)],
+)  # fmt: skip
+def test_env_values(value, entries):
+    environ = {} if value is None else {"VLLM_SRUN_RESULT_CACHE": value}
+    assert result_cache_entries_from_env(environ) == entries
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5", "1e3"])
+def test_bad_env_values_are_config_errors(value):
+    with pytest.raises(ConfigError, match="VLLM_SRUN_RESULT_CACHE"):
+        result_cache_entries_from_env({"VLLM_SRUN_RESULT_CACHE": value})
