@@ -1,0 +1,134 @@
+"""`sr worker`: serve one model on one device over a Unix socket or loopback TCP.
+
+Prints one JSON line on stdout once listening (`{"listening": ..., "port": ...}`), so a
+caller that asked for port 0 learns the port; logs are JSON lines on stderr. SIGTERM or
+SIGINT stops gracefully: no new connections, in-flight requests finish (bounded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import trio
+
+from sr.errors import UsageError
+from sr.events import EventSink
+from sr.worker.options import WorkerOptions
+from sr.worker.threads import adaptive_mode
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit status 2
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _ArgumentParser(prog="sr worker", add_help=True)
+    p.add_argument("--artifact", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--revision")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", default="exact")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--overflow", default="reject")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--uds")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    return p
+
+
+class _JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if message.startswith("{"):
+            return message  # sr.events already wrote a JSON object
+        line = {
+            "ts": round(time.time(), 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": message,
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, separators=(",", ":"))
+
+
+def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
+    args = _parser().parse_args(argv)
+    if args.uds and (args.host or args.port is not None):
+        raise UsageError("give either --uds PATH or --host/--port, not both")
+    if not args.uds and args.port is None:
+        raise UsageError("one of --uds PATH or --port P is required")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UsageError(f"--port: must be 0..65535, got {args.port}")
+    options = WorkerOptions(
+        artifact=args.artifact,
+        device=args.device,
+        revision=args.revision,
+        threads=args.threads,
+        profile=args.profile,
+        max_tokens=args.max_tokens,
+        overflow=args.overflow,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
+    )
+    options.validate()
+    listen = (
+        {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
+    )
+    return options, listen
+
+
+def main(argv: list[str]) -> int:
+    try:
+        options, listen = parse_args(argv)
+        adaptive = adaptive_mode(os.environ)
+    except UsageError as error:
+        print(f"sr worker: {error}", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonLines())
+    root = logging.getLogger("sr")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        trio.run(_run, options, listen, adaptive)
+    except UsageError as error:
+        print(f"sr worker: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _run(options: WorkerOptions, listen: dict, adaptive: int) -> None:
+    from sr.worker.http import serve_worker
+    from sr.worker.service import WorkerService
+
+    events = EventSink()
+    service = WorkerService(options, events=events, adaptive_mode=adaptive)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+        async def until_signal() -> None:
+            async for signum in signals:
+                events.emit("worker_stopping", signal=signal.Signals(signum).name)
+                return
+
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                lambda task_status: serve_worker(
+                    service, shutdown_trigger=until_signal, task_status=task_status, **listen
+                )
+            )
+            port = None
+            if "port" in listen:
+                port = int(binds[0].rsplit(":", 1)[1])
+            print(json.dumps({"listening": binds[0], "port": port}), flush=True)
+            events.emit("worker_listening", binds=binds, fault_injection=options.fault_injection)

@@ -1,0 +1,210 @@
+"""The batching engine: Trio queues rows, the device thread runs batched forwards.
+
+Rules, in one place:
+- Every forward runs on the one DeviceThread, through `ForwardRunner.run` (thread count).
+- A submission is the rows of one request (all questions of a decision request are one
+  submission). Identical rows inside it are computed once.
+- With cross-request batching on, each round takes every queued submission (a window),
+  sorts its rows by length and cuts them into batches within the limits; rows of several
+  requests then share forwards. With it off (profile `exact` and a failed invariance probe)
+  a round takes one submission, so a forward only ever holds one request's rows.
+  A window is finished before the next is taken, so no row waits behind newer ones forever.
+- The result cache (LRU over exact token ids) is only enabled when batching is invariant:
+  then an answer does not depend on its batch, so a cached answer is the computed answer.
+- A submission whose caller went away is dropped from batches not yet started.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import torch
+import trio
+
+from sr.errors import RequestError
+from sr.worker.batching import Limits, padded_tokens, plan_batches
+from sr.worker.device_thread import DeviceThread
+
+KINDS = ("embed", "classify")
+DEFAULT_CACHE_ROWS = 4096
+
+
+class ForwardFailed(RequestError):
+    """A forward raised on the device thread; the worker keeps serving."""
+
+    status, code = 500, "worker_failed"
+
+
+class _Row:
+    __slots__ = ("ids", "length", "slot", "submission")
+
+    def __init__(self, ids: list[int], submission: _Submission, slot: int) -> None:
+        self.ids = ids
+        self.length = len(ids)
+        self.submission = submission
+        self.slot = slot
+
+
+class _Submission:
+    __slots__ = ("abandoned", "done", "error", "kind", "remaining", "results", "rows")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.rows: list[_Row] = []
+        self.results: list[list[float] | None] = []
+        self.remaining = 0
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+
+class ResultCache:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[tuple, list[float]] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple) -> list[float] | None:
+        value = self._entries.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return value
+
+    def put(self, key: tuple, value: list[float]) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class Engine:
+    def __init__(
+        self,
+        model,
+        device: DeviceThread,
+        runner,
+        limits: Limits,
+        *,
+        cross_request: bool,
+        cache_rows: int = DEFAULT_CACHE_ROWS,
+        on_forward: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.limits = limits
+        self.cross_request = cross_request
+        self.cache = ResultCache(cache_rows) if cross_request and cache_rows > 0 else None
+        self.forwards = 0
+        self._device = device
+        self._runner = runner
+        self._forward_fns = {"embed": model.embed, "classify": model.classify_logits}
+        self._pending: collections.deque[_Submission] = collections.deque()
+        self._wakeup = trio.Event()
+        self._on_forward = on_forward  # (rows, padded tokens, requests) per forward
+
+    @property
+    def queued_rows(self) -> int:
+        return sum(s.remaining for s in self._pending)
+
+    async def compute(self, kind: str, rows: list[list[int]]) -> list[list[float]]:
+        """Answer each row (one list of floats per row, in order), sharing forwards."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        answers: list[list[float] | None] = [None] * len(rows)
+        submission = _Submission(kind)
+        slot_of: dict[tuple[int, ...], int] = {}
+        wanted: list[tuple[int, int]] = []  # (answer index, submission slot)
+        for index, ids in enumerate(rows):
+            key = tuple(ids)
+            if self.cache is not None:
+                cached = self.cache.get((kind, key))
+                if cached is not None:
+                    answers[index] = cached
+                    continue
+            slot = slot_of.get(key)
+            if slot is None:
+                slot = slot_of[key] = len(submission.rows)
+                submission.rows.append(_Row(ids, submission, slot))
+            wanted.append((index, slot))
+        if submission.rows:
+            submission.results = [None] * len(submission.rows)
+            submission.remaining = len(submission.rows)
+            self._pending.append(submission)
+            self._wakeup.set()
+            try:
+                await submission.done.wait()
+            except BaseException:
+                submission.abandoned = True
+                raise
+            if submission.error is not None:
+                raise submission.error
+            for index, slot in wanted:
+                answers[index] = submission.results[slot]
+        return answers  # type: ignore[return-value]
+
+    async def run(self) -> None:
+        """Serve the queue until cancelled."""
+        while True:
+            if not self._pending:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+            window = self._take_window()
+            for kind in KINDS:
+                rows = [r for s in window if s.kind == kind for r in s.rows]
+                batches = plan_batches(
+                    rows,
+                    lambda r: r.length,
+                    max_num_seqs=self.limits.max_num_seqs,
+                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
+                )
+                for batch in batches:
+                    live = [r for r in batch if not r.submission.abandoned]
+                    if live:
+                        await self._forward(kind, live)
+
+    def _take_window(self) -> list[_Submission]:
+        if self.cross_request:
+            window = list(self._pending)
+            self._pending.clear()
+        else:
+            window = [self._pending.popleft()]
+        return [s for s in window if not s.abandoned]
+
+    async def _forward(self, kind: str, batch: list[_Row]) -> None:
+        forward = self._forward_fns[kind]
+        ids = [r.ids for r in batch]
+        padded = padded_tokens([r.length for r in batch])
+
+        def work() -> list[list[float]]:
+            with torch.inference_mode():
+                out = self._runner.run(lambda: forward(ids), padded)
+                return out.detach().float().cpu().tolist()
+
+        try:
+            outputs = await self._device.run(work)
+        except Exception as error:  # a broken forward fails its requests, not the worker
+            failure = ForwardFailed(f"forward failed: {type(error).__name__}: {error}")
+            for submission in {r.submission for r in batch}:
+                submission.error = failure
+                submission.abandoned = True  # its other rows need not run
+                submission.done.set()
+            return
+        finally:
+            self.forwards += 1
+        if self._on_forward is not None:
+            self._on_forward(len(batch), padded, len({id(r.submission) for r in batch}))
+        for row, values in zip(batch, outputs, strict=True):
+            submission = row.submission
+            submission.results[row.slot] = values
+            if self.cache is not None:
+                self.cache.put((submission.kind, tuple(row.ids)), values)
+            submission.remaining -= 1
+            if submission.remaining == 0:
+                submission.done.set()

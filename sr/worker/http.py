@@ -1,0 +1,149 @@
+"""The worker's HTTP face: a plain ASGI callable over `WorkerService.handle`, served by
+hypercorn under Trio on a Unix socket (private 0700 folder) or loopback TCP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from sr.errors import RequestTooLarge, UsageError
+from sr.worker.service import JSON_HEADERS, WorkerService
+from sr.worker.validation import MAX_BODY_BYTES
+
+GRACEFUL_TIMEOUT_S = 5.0
+
+
+def asgi_app(service: WorkerService):
+    too_large = RequestTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
+
+    async def app(scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        body = await _read_body(scope, receive)
+        if body is None:
+            status, headers, payload = too_large.status, JSON_HEADERS, too_large.body()
+        else:
+            status, headers, payload = await service.handle(scope["method"], scope["path"], body)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+        if service.exit_requested:
+            service.exit_process(1)
+
+    return app
+
+
+async def _read_body(scope, receive) -> bytes | None:
+    """The request body, or None once it passes MAX_BODY_BYTES (checked while reading)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+            return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b""  # client went away; the answer will not be read
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def prepare_uds(path: str) -> None:
+    """Create the socket's folder 0700 and remove a stale socket file left by a dead worker."""
+    target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(target.parent, 0o700)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"--uds: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(target))
+    except OSError:
+        target.unlink(missing_ok=True)  # nobody listens: stale
+        return
+    finally:
+        probe.close()
+    raise UsageError(f"--uds: {path} is in use by a running process")
+
+
+async def serve_worker(
+    service: WorkerService,
+    *,
+    uds: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen at once, then load the model; stops gracefully when `shutdown_trigger` returns.
+
+    `task_status.started(binds)` reports where it listens (e.g. `http://127.0.0.1:41234`).
+    """
+    config = Config()
+    config.graceful_timeout = GRACEFUL_TIMEOUT_S
+    config.keep_alive_timeout = 75.0  # the router keeps its UDS connections open
+    config.accesslog = None
+    config.errorlog = None
+    config.include_server_header = False
+    if uds is not None:
+        prepare_uds(uds)
+        config.bind = [f"unix:{uds}"]
+    else:
+        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        binds = await nursery.start(
+            _serve_then_stop,
+            asgi_app(service),
+            config,
+            shutdown_trigger or trio.sleep_forever,
+            nursery.cancel_scope,
+        )
+        task_status.started(binds)
+    if uds is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(uds)
+
+
+async def _serve_then_stop(app, config, shutdown_trigger, scope, *, task_status) -> None:
+    # hypercorn drains in-flight requests (graceful_timeout) before `serve` returns; only then
+    # is the engine cancelled, so requests already accepted get their answers.
+    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    scope.cancel()

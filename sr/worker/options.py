@@ -1,0 +1,55 @@
+"""What one worker process is asked to serve: the `sr worker` flags as an attrs class."""
+
+from __future__ import annotations
+
+import attrs
+
+from sr.config.schema import PROFILES
+from sr.errors import UsageError
+
+OVERFLOW_MODES = ("reject", "truncate")
+
+
+@attrs.define
+class WorkerOptions:
+    artifact: str
+    device: str = "cpu"
+    revision: str | None = None
+    threads: int = 1
+    profile: str = "exact"
+    max_tokens: int = 256
+    overflow: str = "reject"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    fault_injection: bool = False
+
+    def validate(self) -> None:
+        """Raise UsageError (one line, naming the flag) for options no worker can serve."""
+        if not self.artifact:
+            raise UsageError("--artifact: must not be empty")
+        if self.threads < 1:
+            raise UsageError(f"--threads: must be >= 1, got {self.threads}")
+        if self.profile not in PROFILES:
+            raise UsageError(f"--profile: unknown profile {self.profile!r}; one of {PROFILES}")
+        if self.max_tokens < 2:
+            raise UsageError(f"--max-tokens: must be >= 2, got {self.max_tokens}")
+        if self.overflow not in OVERFLOW_MODES:
+            raise UsageError(f"--overflow: must be one of {OVERFLOW_MODES}, got {self.overflow!r}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise UsageError(f"--max-num-seqs: must be >= 1, got {self.max_num_seqs}")
+        budget = self.max_num_batched_tokens
+        if budget is not None and budget < self.max_tokens:
+            # A row of max_tokens must fit in one forward, or it could never run.
+            raise UsageError(
+                f"--max-num-batched-tokens: must be >= --max-tokens ({self.max_tokens}), "
+                f"got {budget}"
+            )
+        if not _is_device(self.device):
+            raise UsageError(f"--device: expected cpu, cuda:N or rocm:N, got {self.device!r}")
+
+
+def _is_device(device: str) -> bool:
+    if device == "cpu":
+        return True
+    kind, _, index = device.partition(":")
+    return kind in ("cuda", "rocm") and index.isdigit()

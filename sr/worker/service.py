@@ -1,0 +1,303 @@
+"""WorkerService: one model on one device, served through `handle` (HTTP-agnostic).
+
+States: starting -> loading -> warming -> ready, or -> failed with a reason (artifact not
+found, device not available, golden check failed, load error). `handle` answers at once in
+every state, so `/health` tells the pool what is going on while the model loads. The ASGI app
+(sr.worker.http) and in-process replicas (sr.pool) both call `handle`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import torch
+import trio
+
+from sr.errors import ArtifactNotFound, RequestError, Unavailable
+from sr.events import EventSink
+from sr.worker import validation
+from sr.worker.device_thread import DeviceThread
+from sr.worker.engine import Engine, ForwardFailed
+from sr.worker.faults import FaultState
+from sr.worker.metrics import WorkerMetrics
+from sr.worker.options import WorkerOptions
+from sr.worker.tasks import Tasks
+from sr.worker.threads import ForwardRunner
+from sr.worker.warmup import ProbeResult, batch_invariance_probe, resolve_limits
+
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+JSON_HEADERS = [(b"content-type", b"application/json")]
+TEXT_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
+_log = logging.getLogger("sr.worker")
+# After an `exit` fault the HTTP adapter exits as soon as the answer is sent; this is the
+# fallback for callers of `handle` that are not the HTTP adapter.
+_EXIT_FALLBACK_S = 0.5
+
+
+def load_from_artifact(options: WorkerOptions):
+    from sr.models import load_model, resolve_artifact
+
+    path = resolve_artifact(options.artifact, options.revision)
+    return load_model(path, device=options.device)
+
+
+def default_golden_check(model):
+    from sr.models.golden import golden_check
+
+    return golden_check(model)
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return status, JSON_HEADERS, _dumps({"error": {"code": code, "message": message}}).encode()
+
+
+class WorkerService:
+    def __init__(
+        self,
+        options: WorkerOptions,
+        *,
+        events: EventSink | None = None,
+        load_model_fn: Callable[[WorkerOptions], Any] = load_from_artifact,
+        golden_check_fn: Callable[[Any], Any] = default_golden_check,
+        exit_process: Callable[[int], Any] = os._exit,
+        adaptive_mode: int = 0,
+    ) -> None:
+        options.validate()
+        self.options = options
+        self.events = events or EventSink()
+        self.metrics = WorkerMetrics()
+        # Adaptive thread learning (VLLM_SRUN_CPU_ADAPTIVE_THREADS) applies to CPU workers.
+        self.runner = ForwardRunner(
+            options.threads,
+            mode=adaptive_mode if options.device == "cpu" else 0,
+            events=self.events,
+        )
+        self.faults = FaultState()
+        self.exit_process = exit_process
+        self.exit_requested = False
+        self.state = "starting"
+        self.reason: str | None = None
+        self.model = None
+        self.engine: Engine | None = None
+        self.tasks: Tasks | None = None
+        self.golden: dict[str, Any] = {"status": "pending", "reason": None, "max_abs_diff": None}
+        self.probe: ProbeResult | None = None
+        self._load_model_fn = load_model_fn
+        self._golden_check_fn = golden_check_fn
+        self._settled = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._health = self._health_response()
+        forward = self._forward_route
+        self._routes: dict[str, tuple[str, Callable[[bytes], Awaitable[Response]]]] = {
+            "/v1/embeddings": ("POST", lambda body: forward(body, "embeddings")),
+            "/v1/classify": ("POST", lambda body: forward(body, "classify")),
+            "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
+            "/v1/models": ("GET", self._models_route),
+            "/health": ("GET", self._health_route),
+            "/health/live": ("GET", self._live_route),
+            "/metrics": ("GET", self._metrics_route),
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Load on the device thread, then serve forwards until cancelled."""
+        device = DeviceThread()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                if await self._start(device):
+                    nursery.start_soon(self.engine.run)
+        finally:
+            self._nursery = None
+            device.stop()
+
+    async def wait_settled(self) -> str:
+        """Wait until the worker is ready or failed; returns the state."""
+        await self._settled.wait()
+        return self.state
+
+    def _set_state(self, state: str, reason: str | None = None) -> None:
+        self.state, self.reason = state, reason
+        self._health = self._health_response()
+        self.events.emit("worker_state", state=state, reason=reason, artifact=self.options.artifact)
+        if state in ("ready", "failed"):
+            self._settled.set()
+
+    def _health_response(self) -> Response:
+        if self.state == "ready":
+            return 200, JSON_HEADERS, b'{"status":"ready"}'
+        return 503, JSON_HEADERS, _dumps({"status": self.state, "reason": self.reason}).encode()
+
+    async def _start(self, device: DeviceThread) -> bool:
+        options = self.options
+        self._set_state("loading")
+        try:
+            _check_device(options.device)
+            model = await device.run(lambda: self._load_model_fn(options))
+        except ArtifactNotFound as error:
+            self._set_state("failed", f"artifact not found: {error}")
+            return False
+        except DeviceUnavailable as error:
+            self._set_state("failed", f"device not available: {error}")
+            return False
+        except Exception as error:
+            self._set_state("failed", f"load failed: {type(error).__name__}: {error}")
+            return False
+        self.model = model
+        self._set_state("warming")
+        try:
+            golden = await device.run(
+                lambda: self.runner.run(lambda: self._golden_check_fn(model), 0)
+            )
+            self.golden = {
+                "status": golden.status,
+                "reason": golden.reason,
+                "max_abs_diff": golden.max_abs_diff,
+            }
+            if golden.status != "passed":
+                self._set_state("failed", f"golden check failed: {golden.reason}")
+                return False
+            limits = resolve_limits(options, model)
+            self.probe = await device.run(
+                lambda: batch_invariance_probe(model, self.runner, limits.max_input_tokens)
+            )
+        except Exception as error:
+            self._set_state("failed", f"warm-up failed: {type(error).__name__}: {error}")
+            return False
+        self.runner.unlock()
+        cross_request = self.probe.passed or options.profile == "throughput"
+        self.engine = Engine(
+            model,
+            device,
+            self.runner,
+            limits,
+            cross_request=cross_request,
+            on_forward=self.metrics.observe_forward,
+        )
+        self.metrics.watch_queue(lambda: self.engine.queued_rows)
+        self.tasks = Tasks(
+            model,
+            self.engine,
+            artifact=options.artifact,
+            max_input_tokens=limits.max_input_tokens,
+            overflow=options.overflow,
+        )
+        self._set_state("ready")
+        return True
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def handle(self, method: str, path: str, body: bytes) -> Response:
+        route = self._routes.get(path)
+        if route is None:
+            if path == "/admin/faults" and self.options.fault_injection:
+                response = await self._faults_route(method, body)
+            else:
+                response = _error(404, "not_found", f"no route {path}")
+            self.metrics.requests.labels("other", str(response[0])).inc()
+            return response
+        allowed, answer = route
+        if method != allowed:
+            status, headers, payload = _error(405, "method_not_allowed", f"{path} takes {allowed}")
+            response = status, [*headers, (b"allow", allowed.encode())], payload
+        else:
+            try:
+                response = await answer(body)
+            except RequestError as error:
+                extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+                response = error.status, [*JSON_HEADERS, *extra], error.body()
+            except Exception as error:  # a bug must not take the worker down
+                _log.exception("unexpected error on %s", path)
+                response = _error(500, "internal_error", f"{type(error).__name__}: {error}")
+        self.metrics.requests.labels(path, str(response[0])).inc()
+        return response
+
+    async def _forward_route(self, body: bytes, task: str) -> Response:
+        if self.state != "ready":
+            raise Unavailable(
+                f"worker is {self.state}" + (f": {self.reason}" if self.reason else "")
+            )
+        if self.options.fault_injection and not await self.faults.before_forward():
+            raise ForwardFailed("injected fault: fail")
+        request = validation.parse_object(body)
+        answer = await getattr(self.tasks, task)(request)
+        return 200, JSON_HEADERS, _dumps(answer).encode()
+
+    async def _health_route(self, body: bytes) -> Response:
+        return self._health
+
+    async def _live_route(self, body: bytes) -> Response:
+        return 200, JSON_HEADERS, b'{"status":"live"}'
+
+    async def _metrics_route(self, body: bytes) -> Response:
+        return 200, TEXT_HEADERS, self.metrics.render()
+
+    async def _models_route(self, body: bytes) -> Response:
+        return 200, JSON_HEADERS, _dumps({"object": "list", "data": [self.card()]}).encode()
+
+    async def _faults_route(self, method: str, body: bytes) -> Response:
+        if method == "GET":
+            return 200, JSON_HEADERS, _dumps(self.faults.card()).encode()
+        if method != "POST":
+            return _error(405, "method_not_allowed", "/admin/faults takes GET or POST")
+        try:
+            card = self.faults.configure(body)
+        except RequestError as error:
+            return error.status, JSON_HEADERS, error.body()
+        self.events.emit("worker_fault_injected", **card)
+        if card["mode"] == "exit":
+            self.exit_requested = True
+            if self._nursery is not None:
+                self._nursery.start_soon(self._exit_later)
+        return 200, JSON_HEADERS, _dumps(card).encode()
+
+    async def _exit_later(self) -> None:
+        await trio.sleep(_EXIT_FALLBACK_S)
+        self.exit_process(1)
+
+    def card(self) -> dict[str, Any]:
+        options, model, engine = self.options, self.model, self.engine
+        return {
+            "id": options.artifact,
+            "object": "model",
+            "artifact": options.artifact,
+            "revision": options.revision,
+            "weights_sha256": getattr(model, "weights_sha256", None),
+            "device": options.device,
+            "threads": options.threads,
+            "profile": options.profile,
+            "state": self.state,
+            "reason": self.reason,
+            "limits": engine.limits.card() if engine else None,
+            "overflow": options.overflow,
+            "embedding_dim": getattr(model, "embedding_dim", None),
+            "head_labels": getattr(model, "head_labels", None),
+            "golden": self.golden,
+            "batching": {
+                "cross_request": engine.cross_request if engine else None,
+                "probe": self.probe.card() if self.probe else None,
+                "cache_rows": engine.cache.capacity if engine and engine.cache else 0,
+            },
+            "adaptive_threads": self.runner.report(),
+        }
+
+
+class DeviceUnavailable(Exception):
+    """The requested accelerator is not present on this host."""
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    index = int(device.partition(":")[2])
+    if not torch.cuda.is_available():
+        raise DeviceUnavailable(f"{device}: torch sees no GPU on this host")
+    if index >= torch.cuda.device_count():
+        raise DeviceUnavailable(f"{device}: only {torch.cuda.device_count()} GPU(s) visible")

@@ -1,0 +1,191 @@
+"""The three worker tasks: body -> rows -> one engine submission -> answer.
+
+Zero-shot classification and decisions compare embeddings by cosine similarity and turn
+similarities into probabilities with a softmax at ZERO_SHOT_TEMPERATURE (fixed, so the same
+request always gives the same numbers; docs/decisions.md). The arithmetic after the forward
+is plain Python on the floats the device thread returned, so no torch runs on the Trio thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+from typing import Any
+
+import trio
+
+from sr.errors import InvalidRequest, RequestTooLarge
+from sr.worker import validation as v
+
+ZERO_SHOT_TEMPERATURE = 0.05
+# Tokenizing more characters than this moves to a helper thread so the event loop stays free.
+_INLINE_TOKENIZE_CHARS = 16_384
+
+_EMBEDDINGS_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
+_CLASSIFY_FIELDS = frozenset({"model", "input", "labels"})
+_DECISIONS_FIELDS = frozenset({"model", "state", "questions"})
+_QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
+
+
+class Tasks:
+    def __init__(
+        self, model, engine, *, artifact: str, max_input_tokens: int, overflow: str
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.artifact = artifact
+        self.max_input_tokens = max_input_tokens
+        self.overflow = overflow
+
+    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
+        model_name = v.optional_model(body)
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise InvalidRequest("encoding_format: expected 'float' or 'base64'")
+        if "user" in body and not isinstance(body["user"], str):
+            raise InvalidRequest("user: expected a string")
+        texts, fields = v.inputs(body["input"])
+        rows, usage = await self._rows(texts, fields)
+        vectors = await self.engine.compute("embed", rows)
+        if encoding == "base64":
+            vectors = [_base64_float32(vec) for vec in vectors]
+        data = [
+            {"object": "embedding", "index": i, "embedding": vec} for i, vec in enumerate(vectors)
+        ]
+        return {
+            "object": "list",
+            "model": model_name or self.artifact,
+            "data": data,
+            "usage": usage,
+        }
+
+    async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
+        v.check_fields(body, allowed=_CLASSIFY_FIELDS, required=("input",))
+        model_name = v.optional_model(body)
+        texts, fields = v.inputs(body["input"])
+        if "labels" in body:
+            labels = v.text_map(body["labels"], "labels", limit=v.MAX_LABELS)
+            keys = list(labels)
+            rows, usage = await self._rows(
+                texts + list(labels.values()), fields + [f"labels.{k}" for k in keys]
+            )
+            vectors = await self.engine.compute("embed", rows)
+            label_vectors = vectors[len(texts) :]
+            scores = [
+                [_cosine(vectors[i], lv) / ZERO_SHOT_TEMPERATURE for lv in label_vectors]
+                for i in range(len(texts))
+            ]
+        else:
+            keys = self.model.head_labels
+            if not keys:
+                raise InvalidRequest(
+                    "labels: required; this model has no classification head of its own"
+                )
+            rows, usage = await self._rows(texts, fields)
+            scores = await self.engine.compute("classify", rows)
+        results = []
+        for index, row_scores in enumerate(scores):
+            probabilities = _softmax(row_scores)
+            best = max(range(len(keys)), key=probabilities.__getitem__)
+            results.append(
+                {
+                    "index": index,
+                    "label": keys[best],
+                    "probabilities": dict(zip(keys, probabilities, strict=True)),
+                }
+            )
+        return {"model": model_name or self.artifact, "results": results, "usage": usage}
+
+    async def decisions(self, body: dict[str, Any]) -> dict[str, Any]:
+        v.check_fields(body, allowed=_DECISIONS_FIELDS, required=("state", "questions"))
+        model_name = v.optional_model(body)
+        state = v.text(body["state"], "state")
+        questions = body["questions"]
+        if not isinstance(questions, dict) or not questions:
+            raise InvalidRequest("questions: expected a non-empty object of id -> question")
+        if len(questions) > v.MAX_QUESTIONS:
+            raise RequestTooLarge(
+                f"questions: {len(questions)} entries; the limit is {v.MAX_QUESTIONS}"
+            )
+        texts: list[str] = []
+        fields: list[str] = []
+        layout: list[tuple[str, int, list[str]]] = []  # (id, query row, criterion keys)
+        for qid, question in questions.items():
+            where = f"questions.{qid}"
+            if not isinstance(question, dict):
+                raise InvalidRequest(f"{where}: expected an object")
+            v.check_fields(
+                question, allowed=_QUESTION_FIELDS, required=("type", "criteria"), where=f"{where}."
+            )
+            if question["type"] != "choice":
+                raise InvalidRequest(f"{where}.type: expected 'choice'")
+            query = state
+            if "instructions" in question:
+                instructions = v.text(question["instructions"], f"{where}.instructions")
+                query = f"{instructions}\n{state}"
+            criteria = v.text_map(question["criteria"], f"{where}.criteria", limit=v.MAX_CRITERIA)
+            layout.append((qid, len(texts), list(criteria)))
+            texts.append(query)
+            fields.append("state" if query is state else f"{where}.instructions")
+            texts.extend(criteria.values())
+            fields.extend(f"{where}.criteria.{key}" for key in criteria)
+        rows, usage = await self._rows(texts, fields)
+        vectors = await self.engine.compute("embed", rows)  # every question, one submission
+        answers = {}
+        for qid, query_row, keys in layout:
+            query_vec = vectors[query_row]
+            scores = [
+                _cosine(query_vec, vectors[query_row + 1 + k]) / ZERO_SHOT_TEMPERATURE
+                for k in range(len(keys))
+            ]
+            probabilities = _softmax(scores)
+            best = max(range(len(keys)), key=probabilities.__getitem__)
+            answers[qid] = {
+                "type": "choice",
+                "choice": keys[best],
+                "probabilities": dict(zip(keys, probabilities, strict=True)),
+                "confidence": probabilities[best],
+            }
+        return {"model": model_name or self.artifact, "answers": answers, "usage": usage}
+
+    async def _rows(self, texts: list[str], fields: list[str]) -> tuple[list[list[int]], dict]:
+        """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""
+        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
+            rows = await trio.to_thread.run_sync(self.model.tokenize, texts)
+        else:
+            rows = self.model.tokenize(texts)
+        limit = self.max_input_tokens
+        truncated: list[str] = []
+        for index, ids in enumerate(rows):
+            if len(ids) > limit:
+                if self.overflow == "reject":
+                    raise InvalidRequest(
+                        f"{fields[index]}: {len(ids)} tokens exceed input.max_tokens {limit} "
+                        "(overflow: reject)"
+                    )
+                rows[index] = self.model.truncate(ids, limit)
+                truncated.append(fields[index])
+        tokens = sum(map(len, rows))
+        usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if truncated:
+            usage["truncated_inputs"] = truncated
+        return rows, usage
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
+    norm = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
+    return dot / norm if norm > 0.0 else 0.0
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = math.fsum(exps)
+    return [e / total for e in exps]
+
+
+def _base64_float32(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

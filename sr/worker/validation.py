@@ -1,0 +1,114 @@
+"""Request-body checks shared by the worker tasks. Every error names the offending field.
+
+Size caps are 413 `request_too_large`; everything else malformed is 400 `invalid_request`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sr.errors import InvalidRequest, RequestTooLarge
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_INPUTS = 2048
+MAX_INPUT_CHARS = 100_000
+MAX_LABELS = 256
+MAX_QUESTIONS = 64
+MAX_CRITERIA = 256
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestTooLarge(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
+    try:
+        # Decode explicitly: json.loads(bytes) would also guess UTF-16/32.
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidRequest("body: not valid UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise InvalidRequest(f"body: not valid JSON ({error.msg} at char {error.pos})") from None
+    except RecursionError:
+        raise InvalidRequest("body: JSON nested too deeply") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"body: expected a JSON object, got {_kind(value)}")
+    return value
+
+
+def check_fields(
+    obj: dict, *, allowed: frozenset[str], required: tuple[str, ...], where: str = ""
+) -> None:
+    for name in obj:
+        if name not in allowed:
+            raise InvalidRequest(
+                f"{where}{name}: unknown field; allowed: {', '.join(sorted(allowed))}"
+            )
+    for name in required:
+        if name not in obj:
+            raise InvalidRequest(f"{where}{name}: required field is missing")
+
+
+def optional_model(obj: dict) -> str | None:
+    model = obj.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidRequest(f"model: expected a non-empty string, got {_kind(model)}")
+    return model
+
+
+def text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{field}: expected a string, got {_kind(value)}")
+    if not value.strip():
+        raise InvalidRequest(f"{field}: must not be empty")
+    if len(value) > MAX_INPUT_CHARS:
+        raise RequestTooLarge(f"{field}: {len(value)} characters; the limit is {MAX_INPUT_CHARS}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # JSON "\ud800" escapes decode to lone surrogates
+            raise InvalidRequest(f"{field}: contains an unpaired UTF-16 surrogate") from None
+    return value
+
+
+def inputs(value: Any) -> tuple[list[str], list[str]]:
+    """`input`: a string or a non-empty list of strings -> (texts, field names)."""
+    if isinstance(value, str):
+        return [text(value, "input")], ["input"]
+    if not isinstance(value, list):
+        raise InvalidRequest(f"input: expected a string or a list of strings, got {_kind(value)}")
+    if not value:
+        raise InvalidRequest("input: must not be an empty list")
+    if len(value) > MAX_INPUTS:
+        raise RequestTooLarge(f"input: {len(value)} items; the limit is {MAX_INPUTS} per request")
+    fields = [f"input[{i}]" for i in range(len(value))]
+    return [text(item, field) for item, field in zip(value, fields, strict=True)], fields
+
+
+def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
+    """A non-empty {key: description} object with string keys and non-empty string values."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            f"{field}: expected an object of key -> description, got {_kind(value)}"
+        )
+    if not value:
+        raise InvalidRequest(f"{field}: must not be empty")
+    if len(value) > limit:
+        raise RequestTooLarge(f"{field}: {len(value)} entries; the limit is {limit}")
+    for key in value:
+        if not key:
+            raise InvalidRequest(f"{field}: keys must not be empty")
+    return {key: text(description, f"{field}.{key}") for key, description in value.items()}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"

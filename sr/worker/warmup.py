@@ -1,0 +1,97 @@
+"""Load-time measurements run on the device thread: token budget and batch invariance.
+
+Both functions touch torch and therefore only ever run on the worker's device thread.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from sr.worker.batching import Limits
+from sr.worker.options import WorkerOptions
+
+# CPU workers without configured caps (docs/decisions.md, "worker: CPU batch defaults").
+CPU_MAX_NUM_SEQS = 64
+CPU_MAX_NUM_BATCHED_TOKENS = 8192
+
+# GPU calibration: a padded token costs roughly `embedding_dim * 4 bytes * this` of
+# activation memory in a BERT-family forward (hidden states, FFN intermediates, attention
+# and allocator slack together); half of the free memory is given to batches.
+_GPU_BYTES_PER_TOKEN_PER_DIM = 4 * 64
+_GPU_FREE_FRACTION = 0.5
+_GPU_MAX_BATCHED_TOKENS = 65536
+_GPU_MAX_NUM_SEQS = 256
+
+# Texts of clearly different lengths: a mixed batch pads most rows.
+_PROBE_TEXTS = (
+    "ok",
+    "route this to billing",
+    "the quick brown fox jumps over the lazy dog near the river bank today",
+    "a",
+    "please summarise the following meeting notes and list every action item with its owner",
+)
+
+
+@attrs.frozen
+class ProbeResult:
+    passed: bool
+    detail: str
+
+    def card(self) -> dict:
+        return {"passed": self.passed, "detail": self.detail}
+
+
+def resolve_limits(options: WorkerOptions, model, *, mem_get_info=None) -> Limits:
+    """Configured caps win; otherwise a CPU default or a budget calibrated from free memory."""
+    max_input = min(options.max_tokens, int(model.max_position_embeddings))
+    if options.max_num_seqs is not None and options.max_num_batched_tokens is not None:
+        return Limits(options.max_num_seqs, options.max_num_batched_tokens, max_input, "configured")
+    if options.device == "cpu":
+        seqs, budget, source = CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS, "cpu_default"
+    else:
+        seqs, budget = _calibrate_gpu(model, max_input, mem_get_info or torch.cuda.mem_get_info)
+        source = "calibrated"
+    if options.max_num_seqs is not None:
+        seqs, source = options.max_num_seqs, "configured"
+    if options.max_num_batched_tokens is not None:
+        budget, source = options.max_num_batched_tokens, "configured"
+    return Limits(seqs, max(budget, max_input), max_input, source)
+
+
+def _calibrate_gpu(model, max_input: int, mem_get_info) -> tuple[int, int]:
+    free_bytes, _total = mem_get_info(torch.device(str(model.device)))
+    per_token = int(model.embedding_dim) * _GPU_BYTES_PER_TOKEN_PER_DIM
+    budget = int(free_bytes * _GPU_FREE_FRACTION) // max(per_token, 1)
+    budget = max(max_input, min(_GPU_MAX_BATCHED_TOKENS, budget))
+    seqs = max(1, min(_GPU_MAX_NUM_SEQS, budget // 16))
+    return seqs, budget
+
+
+def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
+    """Do the same rows give bit-identical outputs alone and inside mixed-length batches?"""
+    rows = [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
+    forwards = [("embed", model.embed)]
+    if model.head_labels:
+        forwards.append(("classify", model.classify_logits))
+    for name, forward in forwards:
+        alone = [_run(runner, forward, [row]) for row in rows]
+        for order in (rows, rows[::-1]):
+            mixed = _run(runner, forward, order)
+            for position, row in enumerate(order):
+                expected = alone[rows.index(row)][0]
+                if not torch.equal(mixed[position], expected):
+                    diff = (mixed[position].double() - expected.double()).abs().max().item()
+                    return ProbeResult(
+                        False,
+                        f"{name}: a {len(row)}-token row differs by {diff:.3g} in a mixed batch",
+                    )
+    return ProbeResult(
+        True, f"{len(rows)} rows of {len(set(map(len, rows)))} lengths bit-identical"
+    )
+
+
+def _run(runner, forward, batch: list[list[int]]) -> torch.Tensor:
+    padded = len(batch) * max(len(r) for r in batch)
+    with torch.inference_mode():
+        return runner.run(lambda: forward(batch), padded).detach().cpu()

@@ -1,0 +1,127 @@
+"""The batching engine against a fake model whose forwards can be held and counted."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import trio
+from worker_fakes import FakeModel
+
+from sr.worker.batching import Limits
+from sr.worker.device_thread import DeviceThread
+from sr.worker.engine import Engine, ForwardFailed
+from sr.worker.threads import ForwardRunner
+
+
+@contextlib.asynccontextmanager
+async def engine_for(model, *, cross_request=True, seqs=64, tokens=8192, cache_rows=0):
+    device = DeviceThread()
+    engine = Engine(
+        model,
+        device,
+        ForwardRunner(1),
+        Limits(seqs, tokens, 64, "configured"),
+        cross_request=cross_request,
+        cache_rows=cache_rows,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.run)
+            yield engine
+            nursery.cancel_scope.cancel()
+    finally:
+        device.stop()
+
+
+async def held_then_concurrent(engine, model, requests):
+    """Hold the device with a first request, queue `requests`, release; answers in order."""
+    model.gate = threading.Event()
+    answers = {}
+
+    async def one(key, rows):
+        answers[key] = await engine.compute("embed", rows)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "first", model.tokenize(["hold the device"]))
+            await trio.sleep(0.05)
+            for i, rows in enumerate(requests):
+                nursery.start_soon(one, i, rows)
+            while engine.queued_rows < sum(len(r) for r in requests):
+                await trio.sleep(0.01)
+            model.gate.set()
+    return answers
+
+
+async def test_concurrent_requests_share_one_forward_when_cross_request():
+    model = FakeModel()
+    requests = [model.tokenize([f"request {i}", "x y"]) for i in range(4)]
+    async with engine_for(model) as engine:
+        answers = await held_then_concurrent(engine, model, requests)
+    assert len(model.batches) == 2  # the held forward, then all 8 queued rows together
+    assert sorted(model.batches[1]) == sorted(len(r) for rows in requests for r in rows)
+    alone = FakeModel()
+    for i, rows in enumerate(requests):
+        assert answers[i] == alone.embed(rows).tolist()
+
+
+async def test_without_cross_request_each_forward_holds_one_request():
+    model = FakeModel()
+    requests = [model.tokenize([f"request {i}", "x y z"]) for i in range(3)]
+    async with engine_for(model, cross_request=False) as engine:
+        answers = await held_then_concurrent(engine, model, requests)
+    assert len(model.batches) == 4  # held + one per request, each with its own two rows
+    assert all(len(b) == 2 for b in model.batches[1:])
+    for i, rows in enumerate(requests):
+        assert answers[i] == FakeModel().embed(rows).tolist()
+
+
+async def test_a_large_request_is_split_within_the_limits():
+    model = FakeModel()
+    rows = model.tokenize([" ".join([f"w{i}"] * (1 + i % 7)) for i in range(20)])
+    async with engine_for(model, seqs=6, tokens=30) as engine:
+        with trio.fail_after(10):
+            answers = await engine.compute("embed", rows)
+    assert len(model.batches) > 3
+    assert all(len(b) <= 6 and len(b) * max(b) <= 30 for b in model.batches)
+    assert sum(map(len, model.batches)) == 20
+    assert answers == [FakeModel().embed([r]).tolist()[0] for r in rows]
+
+
+async def test_identical_rows_are_computed_once_and_cache_answers_repeats():
+    model = FakeModel()
+    rows = model.tokenize(["same", "same", "other"])
+    async with engine_for(model, cache_rows=16) as engine:
+        with trio.fail_after(10):
+            first = await engine.compute("embed", rows)
+            second = await engine.compute("embed", rows[:1])
+    assert model.batches == [[3, 3]]  # "same" once, "other" once; the repeat hit the cache
+    assert first[0] == first[1] == second[0]
+    assert engine.cache.hits == 1
+
+
+async def test_a_failing_forward_fails_its_request_and_the_engine_keeps_serving():
+    model = FakeModel()
+    model.fail_next = True
+    async with engine_for(model) as engine:
+        with trio.fail_after(10):
+            with pytest.raises(ForwardFailed, match="boom"):
+                await engine.compute("embed", model.tokenize(["a"]))
+            rows = model.tokenize(["a"])
+            assert await engine.compute("embed", rows) == FakeModel().embed(rows).tolist()
+
+
+async def test_abandoned_requests_are_not_computed():
+    model = FakeModel()
+    model.gate = threading.Event()
+    async with engine_for(model, cross_request=False) as engine:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.compute, "embed", model.tokenize(["first"]))
+                await trio.sleep(0.05)
+                with trio.move_on_after(0.05):
+                    await engine.compute("embed", model.tokenize(["gave up"]))
+                model.gate.set()
+    assert model.batches == [[3]]
