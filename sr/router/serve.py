@@ -80,13 +80,18 @@ async def serve(
 ) -> None:
     """Serve `config` over HTTP until shut down or cancelled; raises SrError on startup failure.
 
-    `ready_timeout_s=None` lets the pool apply VLLM_SRUN_READY_TIMEOUT.
+    `ready_timeout_s=None` reads VLLM_SRUN_READY_TIMEOUT (default 10m).
     """
     events = events if events is not None else EventSink()
     listener = config.listeners[0] if config.listeners else Listener()
     host = host or listener.host
     port = listener.port if port is None else port
+    # Bad settings fail here, before any worker starts.
     cache = ResultCache(result_cache_entries_from_env())
+    if ready_timeout_s is None:
+        from sr.pool.durations import ready_timeout_s as ready_timeout_from_env
+
+        ready_timeout_s = ready_timeout_from_env()
     progress = StartupProgress(out)
     events.subscribe(progress.on_event)
     events.subscribe(cache.on_event)

@@ -1,0 +1,117 @@
+"""`sr inventory`: table rendering, colour only on request, errors, watch + Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sr.router import inventory_cli
+from sr.router.inventory_table import render_inventory
+
+INVENTORY = {
+    "ready": True,
+    "deployments": {
+        "primary": {
+            "desired_replicas": 2,
+            "ready_replicas": 1,
+            "state": "degraded",
+            "restarts": 3,
+            "replicas": [
+                {"id": "primary-0", "device": "cpu", "state": "ready", "inflight": 4,
+                 "outstanding_bytes": 812, "restarts": 0, "ejections": 0, "threads": 2,
+                 "reason": None},
+                {"id": "primary-1", "device": "cpu", "state": "ejected", "ejected_for_ms": 29000,
+                 "inflight": 0, "outstanding_bytes": 0, "restarts": 3, "ejections": 1,
+                 "threads": 2, "reason": "3 consecutive timeouts"},
+            ],
+        }
+    },
+}  # fmt: skip
+
+
+def test_table_lists_every_replica_with_its_numbers():
+    lines = render_inventory(INVENTORY)
+    assert lines[0] == "primary: degraded 1/2 ready, 3 restarts"
+    header = lines[2].split()
+    assert header[:4] == ["DEPLOYMENT", "REPLICA", "PLACEMENT", "STATE"]
+    first, second = lines[3].split(), lines[4].split()
+    assert first == ["primary", "primary-0", "cpu", "ready", "4", "812", "0", "0", "2", "-"]
+    assert second[:5] == ["primary", "primary-1", "cpu", "ejected", "29s"]
+    assert lines[4].endswith("3 consecutive timeouts")
+    assert "\x1b[" not in "\n".join(lines)
+
+
+def test_colour_marks_states_without_breaking_columns():
+    plain = render_inventory(INVENTORY)
+    coloured = render_inventory(INVENTORY, colour_states=True)
+    assert "\x1b[32mready\x1b[0m" in coloured[3]
+    assert "\x1b[31mejected\x1b[0m" in coloured[4]
+    strip = [line.replace("\x1b[32m", "").replace("\x1b[31m", "").replace("\x1b[33m", "")
+             .replace("\x1b[0m", "") for line in coloured]  # fmt: skip
+    assert strip == plain
+
+
+def test_empty_inventory():
+    assert render_inventory({"deployments": {}})[0] == "no deployments"
+
+
+def test_connection_refused_is_one_line_exit_1(capsys):
+    assert inventory_cli.main(["--url", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "cannot connect to http://127.0.0.1:9" in err
+
+
+class _InventoryHandler(BaseHTTPRequestHandler):
+    """Answers like a router that has an API key set."""
+
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == "Bearer k"
+        status, body = (200, json.dumps(INVENTORY)) if ok else (401, '{"error":{}}')
+        payload = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def inventory_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _InventoryHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join(5)
+
+
+def test_prints_table_with_api_key_and_refuses_without(inventory_url, capsys):
+    assert inventory_cli.main(["--url", inventory_url]) == 1
+    assert "needs an API key" in capsys.readouterr().err
+    assert inventory_cli.main(["--url", inventory_url, "--api-key", "k"]) == 0
+    out = capsys.readouterr().out
+    assert "primary-1" in out
+    assert "\x1b[" not in out  # captured stdout is not a tty
+
+
+def test_watch_redraws_until_ctrl_c(inventory_url, capsys, monkeypatch):
+    sleeps = []
+
+    def fake_sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(inventory_cli.time, "sleep", fake_sleep)
+    argv = ["--url", inventory_url, "--api-key", "k", "--watch", "--interval", "0.5"]
+    assert inventory_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count(inventory_cli.CLEAR_SCREEN) == 2
+    assert sleeps == [0.5, 0.5]
