@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sr.config.arguments import OneLineArgumentParser, bounded_int, report_usage_error
+from sr.config.cli import issue_line
 from sr.config.load import dump_config, load_config, validate, write_config_atomic
 from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
 from sr.config.schema import MAX_REPLICAS, default_config
@@ -30,9 +31,7 @@ PROG = "sr serve"
 def _parser() -> OneLineArgumentParser:
     p = OneLineArgumentParser(prog=PROG, description="Serve the models of the sr config.")
     p.add_argument("model", nargs="?", metavar="MODEL", help="artifact of the default deployment")
-    p.add_argument(
-        "-e", "--engine", action="store_true", help="write global.router.enabled: false"
-    )
+    p.add_argument("-e", "--engine", action="store_true", help="write global.router.enabled: false")
     p.add_argument("--platform", choices=PLATFORM_CHOICES, default="auto")
     p.add_argument(
         "-dp",
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         return report_usage_error(PROG, exc)
     except ConfigError as exc:
         for issue in exc.issues:
-            print(f"{PROG}: error: {path}: {issue}", file=sys.stderr)
+            print(f"{PROG}: error: {issue_line(path, issue)}", file=sys.stderr)
         return 2
     issues = validate(new)
     if issues:
@@ -106,6 +105,4 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
             file=sys.stderr,
         )
         return 1
-    return run_sr_serve(
-        new, config_path=path, host=args.host, port=args.port, threads=args.threads
-    )
+    return run_sr_serve(new, config_path=path, host=args.host, port=args.port, threads=args.threads)

@@ -7,9 +7,15 @@ from pathlib import Path
 
 from sr.config.arguments import OneLineArgumentParser, report_usage_error
 from sr.config.load import dump_config, load_config
-from sr.errors import ConfigError, UsageError
+from sr.errors import ConfigError, ConfigIssue, UsageError
 
 PROG = "sr config"
+
+
+def issue_line(path: Path, issue: ConfigIssue) -> str:
+    """`<file>: <path>: <message>`, without naming the file twice (YAML errors do)."""
+    text = str(issue)
+    return text if text.startswith(f"{path}:") else f"{path}: {text}"
 
 
 def _parser() -> OneLineArgumentParser:
@@ -32,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         out = sys.stdout if args.action == "validate" else sys.stderr
         for issue in exc.issues:
-            print(f"{path}: {issue}", file=out)
+            print(issue_line(path, issue), file=out)
         return 2
     if args.action == "show":
         sys.stdout.write(dump_config(cfg))

@@ -1,0 +1,283 @@
+"""`sr serve` argument handling end to end, up to the hand-over to the router."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from sr import serve_cli
+from sr.config.load import dump_config, parse_config
+from sr.config.schema import default_config
+
+CPU_HOST = {"SR_GPU_INVENTORY": ""}
+ROCM_HOST = {"SR_GPU_INVENTORY": "rocm:0,1"}
+
+
+@pytest.fixture
+def router(monkeypatch):
+    """A stand-in for sr.router.serve that records the hand-over."""
+    calls = []
+    module = types.ModuleType("sr.router.serve")
+
+    def run_sr_serve(config, *, config_path, host, port, threads):
+        calls.append(
+            {"config": config, "path": config_path, "host": host, "port": port, "t": threads}
+        )
+        return 0
+
+    module.run_sr_serve = run_sr_serve
+    monkeypatch.setitem(sys.modules, "sr.router.serve", module)
+    return calls
+
+
+@pytest.fixture
+def no_router(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sr.router.serve", None)  # import raises ImportError
+
+
+def serve(path, *args, env=CPU_HOST) -> int:
+    return serve_cli.main([*args, "--config", str(path)], env=env)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.rstrip("\n")
+
+
+def test_missing_config_is_created_and_handed_to_the_router(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "--host", "0.0.0.0", "--port", "9000", "--threads", "2") == 0
+    assert path.read_text() == dump_config(default_config())
+    (call,) = router
+    assert call["config"] == default_config()
+    assert (call["path"], call["host"], call["port"], call["t"]) == (path, "0.0.0.0", 9000, 2)
+
+
+def test_router_defaults_are_none(tmp_path, router):
+    assert serve(tmp_path / "c.yaml") == 0
+    assert (router[0]["host"], router[0]["port"], router[0]["t"]) == (None, None, None)
+
+
+def test_default_config_path_is_the_working_directory(tmp_path, monkeypatch, router):
+    monkeypatch.chdir(tmp_path)
+    assert serve_cli.main([], env=CPU_HOST) == 0
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_flags_are_written_to_the_config(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "my/model", "-e", "-dp", "2", env=ROCM_HOST) == 0
+    cfg = parse_config(path.read_text())
+    dep = cfg.deployments["primary"]
+    assert dep.artifact == "my/model" and cfg.global_.router.enabled is False
+    assert [r.device for r in dep.placements()] == ["rocm:0", "rocm:1"]
+    assert router[0]["config"] == cfg
+
+
+def test_spec_mask_example_through_the_cli(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    env = {"SR_GPU_INVENTORY": "rocm:0,1", "ROCR_VISIBLE_DEVICES": "7,3"}
+    assert serve(path, "--device-ids", "3,7", env=env) == 0
+    devices = [r.device for r in parse_config(path.read_text()).deployments["primary"].replicas]
+    assert devices == ["rocm:1", "rocm:0"]
+
+
+def test_unchanged_config_is_not_rewritten(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    text = "global:\n  model_catalog:\n    deployments:\n      primary: {artifact: /m}\n"
+    path.write_text(text)  # valid, not canonical: rewriting would change its bytes
+    assert serve(path, "--port", "1234") == 0
+    assert path.read_text() == text
+    assert router[0]["config"].deployments["primary"].artifact == "/m"
+
+
+def test_changed_config_is_rewritten_canonically(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    path.write_text("global:\n  model_catalog:\n    deployments:\n      primary: {artifact: /m}\n")
+    assert serve(path, "-dp", "2") == 0
+    assert path.read_text() == dump_config(parse_config(path.read_text()))
+    assert "  - device: cpu\n          - device: cpu" in path.read_text()
+
+
+def test_dry_run_prints_and_writes_nothing(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "-dp", "3", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert [r.device for r in parse_config(out).deployments["primary"].replicas] == ["cpu"] * 3
+    assert not path.exists() and router == []
+    path.write_text(dump_config(default_config()))
+    before = path.read_bytes()
+    assert serve(path, "x/y", "--dry-run") == 0
+    assert "artifact: x/y" in capsys.readouterr().out
+    assert path.read_bytes() == before
+
+
+def test_router_missing_from_the_build(tmp_path, capsys, no_router):
+    path = tmp_path / "config.yaml"
+    assert serve(path) == 1
+    assert one_error_line(capsys) == (
+        f"sr serve: config written to {path}; the router is not available in this build"
+    )
+    assert serve(path) == 1
+    assert one_error_line(capsys) == (
+        f"sr serve: config unchanged at {path}; the router is not available in this build"
+    )
+
+
+def test_router_exit_status_is_returned(tmp_path, monkeypatch):
+    module = types.ModuleType("sr.router.serve")
+    module.run_sr_serve = lambda config, **kw: 3
+    monkeypatch.setitem(sys.modules, "sr.router.serve", module)
+    assert serve(tmp_path / "c.yaml") == 3
+
+
+# ---- usage errors: one line, exit 2, nothing written ---------------------------------
+
+USAGE_CASES = [
+    (["-dp", "0"], {}, "sr serve: error: argument -dp: must be 1..64, got 0"),
+    (["-dp", "65"], {}, "sr serve: error: argument -dp: must be 1..64, got 65"),
+    (["-dp", "x"], {}, "sr serve: error: argument -dp: expected an integer, got 'x'"),
+    (["--bogus"], {}, "sr serve: error: unrecognized arguments: --bogus"),
+    (["a", "b"], {}, "sr serve: error: unrecognized arguments: b"),
+    (
+        ["--platform", "tpu"],
+        {},
+        # argparse words the list of choices differently across Python versions
+        "sr serve: error: argument --platform: invalid choice: 'tpu' (choose from ...",
+    ),
+    (["--port", "70000"], {}, "sr serve: error: argument --port: must be 0..65535, got 70000"),
+    (["--threads", "0"], {}, "sr serve: error: argument --threads: must be 1 or more, got 0"),
+    (["--host", ""], {}, "sr serve: error: argument --host: must not be empty"),
+    (
+        ["--device-ids", "0,0"],
+        ROCM_HOST,
+        "sr serve: error: --device-ids lists 0 more than once; use -dp to repeat workers on"
+        " one GPU (e.g. -dp 2 --device-ids 0)",
+    ),
+    (
+        ["--device-ids", "0"],
+        CPU_HOST,
+        "sr serve: error: --device-ids requires a GPU platform: no GPU found on this host"
+        " (platform cpu); pass --platform cuda|rocm or set SR_GPU_INVENTORY",
+    ),
+    (
+        ["-dp", "4"],
+        {"SR_GPU_INVENTORY": "rocm:0"},
+        "sr serve: error: -dp 4 requires 4 available GPUs; use --device-ids to share a GPU"
+        " (found 1: rocm:0)",
+    ),
+    (
+        ["-dp", "3", "--device-ids", "0,1"],
+        ROCM_HOST,
+        "sr serve: error: -dp 3 with 2 device IDs: give one ID (all 3 workers on that GPU)"
+        " or 3 IDs (one worker each)",
+    ),
+    (
+        ["-dp", "2"],
+        {"SR_GPU_INVENTORY": "tpu:0"},
+        "sr serve: error: SR_GPU_INVENTORY='tpu:0': expected e.g. rocm:0,1 or cuda:0,1,2"
+        " (or empty)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "expected"), USAGE_CASES)
+def test_usage_errors_are_one_line_and_leave_the_file_alone(
+    tmp_path, capsys, router, args, env, expected
+):
+    path = tmp_path / "config.yaml"
+    path.write_text("# my config\n" + dump_config(default_config()))
+    before = path.read_bytes()
+    assert serve(path, *args, env=env) == 2
+    line = one_error_line(capsys)
+    if expected.endswith("..."):
+        assert line.startswith(expected[:-3])
+    else:
+        assert line == expected
+    assert path.read_bytes() == before
+    assert router == []
+
+
+@pytest.mark.parametrize(("args", "env", "expected"), USAGE_CASES[:4])
+def test_usage_errors_never_create_the_file(tmp_path, capsys, router, args, env, expected):
+    path = tmp_path / "config.yaml"
+    assert serve(path, *args, env=env) == 2
+    assert not path.exists()
+    capsys.readouterr()
+
+
+def test_attached_deployment_cannot_be_resized(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "global:\n  model_catalog:\n    deployments:\n      primary:\n        artifact: m\n"
+        "        endpoint: http://10.0.0.5:8100\n        model: m\n"
+    )
+    before = path.read_bytes()
+    assert serve(path, "-dp", "2") == 2
+    assert one_error_line(capsys) == (
+        "sr serve: error: deployment 'primary' has attached replicas (endpoint);"
+        " -dp/--device-ids/--platform cannot change it: edit the config"
+    )
+    assert path.read_bytes() == before
+
+
+def test_bad_yaml_reports_line_and_column_without_traceback(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    path.write_text("global:\n  router: {enabled: true\n")
+    before = path.read_bytes()
+    assert serve(path) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"sr serve: error: {path}:3:1: invalid YAML:")
+    assert "Traceback" not in line
+    assert path.read_bytes() == before
+
+
+def test_invalid_config_lists_every_issue(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "global:\n  model_catalog:\n    deployments:\n      primary:\n        artifact: m\n"
+        "        replica: []\n        max_num_seqs: 0\n"
+    )
+    assert serve(path, "-dp", "2") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"sr serve: error: {path}: global.model_catalog.deployments.primary.replica:"
+        " unknown key; did you mean 'replicas'?",
+        f"sr serve: error: {path}: global.model_catalog.deployments.primary.max_num_seqs:"
+        " must be a positive integer, got 0",
+    ]
+
+
+def test_flags_that_would_make_an_invalid_config_write_nothing(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "global:\n  model_catalog:\n    deployments:\n      primary:\n        artifact: m\n"
+        "        replicas: [{device: cuda:0}]\n"
+        "      other:\n        artifact: m\n        device: rocm:0\n"
+    )
+    # the file mixes platforms already; any invocation must refuse and leave it alone
+    before = path.read_bytes()
+    assert serve(path, "-dp", "2") == 2
+    assert "one host runs one GPU platform" in capsys.readouterr().err
+    assert path.read_bytes() == before
+
+
+def test_write_failure_is_reported(tmp_path, capsys, router, monkeypatch):
+    def refuse(path, cfg):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(serve_cli, "write_config_atomic", refuse)
+    assert serve(tmp_path / "c.yaml") == 1
+    assert one_error_line(capsys) == (
+        f"sr serve: error: cannot write {tmp_path / 'c.yaml'}: Permission denied"
+    )
+    assert router == []
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as info:
+        serve_cli.main(["--help"])
+    assert info.value.code == 0
+    assert "--device-ids" in capsys.readouterr().out
