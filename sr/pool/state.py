@@ -9,7 +9,7 @@ time-bounded *overlays* that only apply while the lifecycle is READY:
                 any live state -> UNREACHABLE                 (probe cannot connect)
                 any live state -> RESTARTING -> STARTING      (managed process exited)
                 any live state -> FAILED                      (terminal, see below)
-                READY -> INCOMPATIBLE                         (card's engine caps differ)
+                live -> INCOMPATIBLE                          (card's engine caps differ)
                 any state -> DRAINING                         (retired by a reload/stop)
     overlays    EJECTED  while now < ejected_until            (outlier ejection, sec. 6)
                 BACKOFF  while now < backoff_until            (failed/timeout, sec. 5)
@@ -18,8 +18,9 @@ The state shown in the inventory is the lifecycle state unless it is READY, in w
 EJECTED wins over BACKOFF wins over READY (`effective_state`).
 
 Only READY replicas are dispatched to; an EJECTED one only when nothing else can take the
-request. FAILED, INCOMPATIBLE and DRAINING are never left except by replacing the replica
-(a reload creates a new one). A replica is *terminal* when it is FAILED or INCOMPATIBLE:
+request. FAILED and DRAINING are never left except by replacing the replica (a reload
+creates a new one); INCOMPATIBLE is left only if its process exits (and restarts).
+A replica is *terminal* when it is FAILED or INCOMPATIBLE:
 FAILED means the worker reported `failed` on /health (for example an artifact that does not
 resolve, or a golden check that did not pass), or a managed worker exited
 `TERMINAL_EARLY_EXITS` times in a row without ever becoming ready.
@@ -50,16 +51,17 @@ S = ReplicaState
 
 # Lifecycle states only; BACKOFF and EJECTED are overlays, never stored as lifecycle.
 _LIVE = {S.STARTING, S.LOADING, S.WARMING, S.READY, S.UNREACHABLE}
+_LEAVE_LIVE = {S.RESTARTING, S.FAILED, S.DRAINING, S.INCOMPATIBLE}
 
 # allowed lifecycle transitions: from-state -> set of to-states
 TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
-    S.STARTING: frozenset(_LIVE | {S.RESTARTING, S.FAILED, S.DRAINING}),
-    S.LOADING: frozenset(_LIVE | {S.RESTARTING, S.FAILED, S.DRAINING}),
-    S.WARMING: frozenset(_LIVE | {S.RESTARTING, S.FAILED, S.DRAINING}),
-    S.READY: frozenset(_LIVE | {S.RESTARTING, S.FAILED, S.DRAINING, S.INCOMPATIBLE}),
-    S.UNREACHABLE: frozenset(_LIVE | {S.RESTARTING, S.FAILED, S.DRAINING}),
+    S.STARTING: frozenset(_LIVE | _LEAVE_LIVE),
+    S.LOADING: frozenset(_LIVE | _LEAVE_LIVE),
+    S.WARMING: frozenset(_LIVE | _LEAVE_LIVE),
+    S.READY: frozenset(_LIVE | _LEAVE_LIVE),
+    S.UNREACHABLE: frozenset(_LIVE | _LEAVE_LIVE),
     S.RESTARTING: frozenset({S.STARTING, S.FAILED, S.DRAINING}),
-    S.INCOMPATIBLE: frozenset({S.DRAINING}),
+    S.INCOMPATIBLE: frozenset({S.RESTARTING, S.FAILED, S.DRAINING}),
     S.FAILED: frozenset({S.DRAINING}),
     S.DRAINING: frozenset(),
 }

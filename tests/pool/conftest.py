@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
+import types
+import typing
 
 import pytest
+import trio
 
-from sr.config.schema import OutlierDetection
+from sr.config.schema import Deployment, OutlierDetection, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
@@ -32,3 +36,76 @@ def make_policy(
 @pytest.fixture(name="make_policy")
 def _make_policy_fixture():
     return make_policy
+
+
+class FakeWorker:
+    """An in-process stand-in for WorkerService: same `run` / `handle` shape.
+
+    `behaviour` (shared by every FakeWorker of a test) says how to answer: "ok", "hang",
+    "fail" (500), "bad" (400); `load_s` how long loading takes; `limits` the card's caps;
+    `health_failed` a reason to report `failed` on /health.
+    """
+
+    behaviour: typing.ClassVar[dict] = {}
+    instances: typing.ClassVar[list] = []
+
+    def __init__(self, options) -> None:
+        self.instances.append(self)
+        self.options = options
+        self.state = "loading"
+        self.served = 0
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep(self.behaviour.get("load_s", 0.5))
+        reason = self.behaviour.get("health_failed")
+        self.state = "failed" if reason else "ready"
+        await trio.sleep_forever()
+
+    async def handle(self, method: str, path: str, body: bytes):
+        headers = [(b"content-type", b"application/json")]
+        if path == "/health":
+            if self.state == "ready":
+                return 200, headers, b'{"status":"ready"}'
+            reason = self.behaviour.get("health_failed") or "loading"
+            return 503, headers, json.dumps({"status": self.state, "reason": reason}).encode()
+        if path == "/v1/models":
+            limits = self.behaviour.get("limits", {"max_num_seqs": 64})
+            card = {"id": self.options.artifact, "threads": self.options.threads, "limits": limits}
+            return 200, headers, json.dumps({"object": "list", "data": [card]}).encode()
+        mode = self.behaviour.get("mode", "ok")
+        if mode == "hang" or (mode == "hang_first" and self is self.instances[0]):
+            await trio.sleep_forever()
+        if mode == "fail":
+            return 500, headers, b'{"error":{"code":"internal","message":"boom"}}'
+        if mode == "bad":
+            return 400, headers, b'{"error":{"code":"invalid_request","message":"input: bad"}}'
+        self.served += 1
+        answer = {"model": json.loads(body).get("model"), "echo": json.loads(body)}
+        return 200, headers, json.dumps(answer).encode()
+
+
+@pytest.fixture
+def fake_worker():
+    FakeWorker.behaviour = {}
+    FakeWorker.instances = []
+    yield FakeWorker
+    FakeWorker.behaviour = {}
+
+
+def config_with(*deployments) -> SrConfig:
+    """An SrConfig holding (name, Deployment) pairs."""
+    cfg = SrConfig()
+    for name, deployment in deployments:
+        cfg.deployments[name] = deployment
+    return cfg
+
+
+def cpu_deployment(n: int, **fields) -> Deployment:
+    return Deployment(artifact="/models/tiny", replicas=[Replica(device="cpu")] * n, **fields)
+
+
+@pytest.fixture
+def configs():
+    """Config builders: `configs.config_with(("d", deployment))`, `configs.cpu(n, **fields)`."""
+    return types.SimpleNamespace(config_with=config_with, cpu=cpu_deployment)

@@ -1,0 +1,349 @@
+"""RouterCore and `open_router`: the embedding API of the pool (SPEC sections 5, 8, 9).
+
+Supervision tree: the RouterCore nursery holds one DeploymentPool task per deployment;
+each pool's nursery holds one ReplicaRunner task per replica. The router-wide assignment
+sequence lives here, so least-recently-assigned ties survive reloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sr.config.schema import SrConfig
+from sr.errors import InvalidRequest, ModelNotFound, RequestTooLarge, SrError
+from sr.events import EventSink
+from sr.pool.deployment import DeploymentPool, Reply
+from sr.pool.durations import ready_timeout_s
+from sr.pool.identity import replica_identities
+from sr.pool.policy import DeploymentPolicy
+from sr.pool.record import ReplicaRecord
+from sr.pool.replica import ReplicaRunner
+from sr.pool.state import ReplicaState
+
+READY_POLL_S = 0.05
+DRAIN_TIMEOUT_S = 30.0
+_ERROR_BY_STATUS = {404: ModelNotFound, 413: RequestTooLarge}
+
+
+class StartupFailed(SrError):
+    """A deployment can never become ready, or readiness timed out. Names the deployment,
+    the replica and the reason."""
+
+
+class ReloadFailed(SrError):
+    """The new config could not be brought up; the old one keeps serving."""
+
+
+class RouterCore:
+    def __init__(
+        self,
+        config: SrConfig,
+        nursery: trio.Nursery,
+        *,
+        events: EventSink,
+        threads: int,
+        run_dir: Path,
+        worker_factory: Callable[[Any], Any] | None,
+    ) -> None:
+        self.config = config
+        self.events = events
+        self.threads = threads
+        self.run_dir = run_dir
+        self.worker_factory = worker_factory
+        self.pools: dict[str, DeploymentPool] = {}
+        self._nursery = nursery
+        self._sequence = itertools.count(1)
+        self._reload_lock = trio.Lock()
+
+    @property
+    def deployments(self):
+        return self.config.deployments
+
+    # -- requests -------------------------------------------------------------------
+    def resolve(self, model: str) -> str:
+        """A deployment name, or the artifact of exactly one deployment."""
+        if model in self.pools:
+            return model
+        for name, pool in self.pools.items():
+            if pool.config.artifact == model:
+                return name
+        raise ModelNotFound(f"model {model!r} is not served here; known: {sorted(self.pools)}")
+
+    async def request_raw(
+        self, deployment: str, path: str, body: bytes, *, timeout_s: float | None = None
+    ) -> Reply:
+        pool = self.pools.get(deployment)
+        if pool is None:
+            raise ModelNotFound(f"deployment {deployment!r} does not exist")
+        return await pool.request_raw(path, body, timeout_s)
+
+    async def request(
+        self, model: str, path: str, payload: dict, *, timeout_s: float | None = None
+    ) -> dict:
+        name = self.resolve(model)
+        body = dict(payload)
+        body.setdefault("model", self.pools[name].config.artifact)
+        reply = await self.request_raw(name, path, json.dumps(body).encode(), timeout_s=timeout_s)
+        if reply.status >= 400:
+            error_class = _ERROR_BY_STATUS.get(reply.status, InvalidRequest)
+            raise error_class(_worker_message(reply.body))
+        return json.loads(reply.body)
+
+    # -- views ----------------------------------------------------------------------
+    def inventory(self) -> dict:
+        now = trio.current_time()  # one instant for the whole snapshot
+        return {
+            "ready": self.is_ready(),
+            "deployments": {name: pool.snapshot(now) for name, pool in self.pools.items()},
+        }
+
+    def startup_status(self) -> dict:
+        inventory = self.inventory()
+        keep = ("id", "device", "endpoint", "state", "reason", "restarts", "pid")
+        for deployment in inventory["deployments"].values():
+            deployment["replicas"] = [{k: row[k] for k in keep} for row in deployment["replicas"]]
+        return inventory
+
+    def is_ready(self) -> bool:
+        return bool(self.pools) and all(pool.has_ready() for pool in self.pools.values())
+
+    async def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Until every deployment has a ready replica; StartupFailed when one never can."""
+        limit = ready_timeout_s() if timeout_s is None else timeout_s
+        with trio.move_on_after(limit):
+            while True:
+                self._raise_if_hopeless()
+                if self.is_ready():
+                    return
+                await trio.sleep(READY_POLL_S)
+        waiting = [
+            f"{name}: " + _describe(pool)
+            for name, pool in self.pools.items()
+            if not pool.has_ready()
+        ]
+        raise StartupFailed(f"not ready after {limit:g}s: " + "; ".join(waiting))
+
+    def _raise_if_hopeless(self) -> None:
+        for name, pool in self.pools.items():
+            if pool.all_terminal():
+                raise StartupFailed(f"deployment {name!r} cannot start: {_describe(pool)}")
+
+    # -- building and reloading -----------------------------------------------------
+    async def _prepare(
+        self, config: SrConfig
+    ) -> tuple[dict[str, dict[str, ReplicaRunner]], list[ReplicaRunner], list[DeploymentPool]]:
+        """Runners for every deployment of `config`, reusing live ones with the same
+        identity; new runners are started (not yet published)."""
+        plan: dict[str, dict[str, ReplicaRunner]] = {}
+        started: list[ReplicaRunner] = []
+        new_pools: list[DeploymentPool] = []
+        for name, deployment in config.deployments.items():
+            pool = self.pools.get(name)
+            if pool is None:
+                policy = DeploymentPolicy(
+                    name,
+                    next_sequence=self._sequence.__next__,
+                    outlier=deployment.outlier_detection,
+                    events=self.events,
+                )
+                pool = DeploymentPool(name, deployment, policy)
+                await self._nursery.start(pool.run)
+                new_pools.append(pool)
+            runners: dict[str, ReplicaRunner] = {}
+            for replica_id, placement in replica_identities(name, deployment, self.threads):
+                old = pool.runners.get(replica_id)
+                if old is not None and old.record.lifecycle not in (ReplicaState.FAILED,):
+                    old.deployment = deployment  # same identity: only non-engine fields differ
+                    runners[replica_id] = old
+                    continue
+                record = ReplicaRecord(
+                    replica_id=replica_id,
+                    deployment=name,
+                    placement=placement.endpoint or placement.device or "cpu",
+                    attached=placement.attached,
+                    threads=None if placement.attached else self.threads,
+                )
+                runner = ReplicaRunner(
+                    record=record,
+                    placement=placement,
+                    deployment=deployment,
+                    policy=pool.policy,
+                    threads=self.threads,
+                    run_dir=self.run_dir,
+                    worker_factory=None if placement.attached else self.worker_factory,
+                )
+                pool.policy.note_state(record, trio.current_time())
+                await pool.start_runner(runner)
+                runners[replica_id] = runner
+                started.append(runner)
+            plan[name] = runners
+        return plan, started, new_pools
+
+    def _publish(
+        self,
+        config: SrConfig,
+        plan: dict[str, dict[str, ReplicaRunner]],
+        new_pools: list[DeploymentPool],
+    ) -> list:
+        """Swap in the new replica sets at once; returns what to retire."""
+        retired: list = []
+        for name, pool in list(self.pools.items()):
+            keep = plan.get(name, {})
+            retired += [r for rid, r in pool.runners.items() if rid not in keep]
+            if name not in plan:
+                retired.append(pool)
+                del self.pools[name]
+        fresh = {pool.name: pool for pool in new_pools}
+        for name, runners in plan.items():
+            pool = self.pools.get(name) or fresh[name]
+            pool.publish(config.deployments[name], runners)
+            self.pools[name] = pool
+        self.config = config
+        return retired
+
+    async def start(self, config: SrConfig) -> None:
+        plan, _, new_pools = await self._prepare(config)
+        self._publish(config, plan, new_pools)
+
+    async def reload(self, config: SrConfig, *, timeout_s: float | None = None) -> None:
+        """Bring up what is new, publish atomically, then retire what was removed."""
+        async with self._reload_lock:
+            plan, started, new_pools = await self._prepare(config)
+            limit = ready_timeout_s() if timeout_s is None else timeout_s
+            failure = None
+            with trio.move_on_after(limit) as scope:
+                while failure is None and not all(
+                    r.record.lifecycle is ReplicaState.READY for r in started
+                ):
+                    failure = next(
+                        (
+                            r
+                            for r in started
+                            if r.record.lifecycle is ReplicaState.FAILED
+                            or r.record.lifecycle is ReplicaState.INCOMPATIBLE
+                        ),
+                        None,
+                    )
+                    await trio.sleep(READY_POLL_S)
+            if failure is not None or scope.cancelled_caught:
+                for runner in started:
+                    self._nursery.start_soon(runner.retire, 0)
+                for pool in new_pools:
+                    pool.cancel_scope.cancel()
+                culprit = failure or next(
+                    r for r in started if r.record.lifecycle is not ReplicaState.READY
+                )
+                rec = culprit.record
+                raise ReloadFailed(
+                    f"reload failed, old config still serving: deployment {rec.deployment!r} "
+                    f"replica {rec.id}: {rec.state(trio.current_time()).value}"
+                    + (f" ({rec.reason})" if rec.reason else "")
+                )
+            for item in self._publish(config, plan, new_pools):
+                self._nursery.start_soon(_retire, item)
+
+    async def aclose(self) -> None:
+        """Drain every replica (bounded) and stop every worker."""
+        async with trio.open_nursery() as nursery:
+            for pool in self.pools.values():
+                nursery.start_soon(_retire, pool)
+        self.pools = {}
+
+
+async def _retire(item: ReplicaRunner | DeploymentPool) -> None:
+    if isinstance(item, DeploymentPool):
+        async with trio.open_nursery() as nursery:
+            for runner in item.runners.values():
+                nursery.start_soon(runner.retire, DRAIN_TIMEOUT_S)
+        item.cancel_scope.cancel()
+    else:
+        await item.retire(DRAIN_TIMEOUT_S)
+
+
+def _describe(pool: DeploymentPool) -> str:
+    now = trio.current_time()
+    parts = []
+    for runner in pool.runners.values():
+        rec = runner.record
+        text = f"replica {rec.id} ({rec.placement}) {rec.state(now).value}"
+        parts.append(text + (f": {rec.reason}" if rec.reason else ""))
+    return ", ".join(parts) or "no replicas"
+
+
+def _worker_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+def _default_threads() -> int:
+    """Half the router's CPU budget, 1..16, or VLLM_SRUN_CPU_THREADS (sr.worker.threads)."""
+    import os
+
+    from sr.devices import cpu_budget
+    from sr.worker.threads import worker_thread_count
+
+    return worker_thread_count(cpu_budget(), os.environ)
+
+
+@contextlib.asynccontextmanager
+async def open_router(
+    config: SrConfig,
+    *,
+    events: EventSink | None = None,
+    in_process: bool = False,
+    threads: int | None = None,
+    run_dir: str | Path | None = None,
+    worker_factory: Callable[[Any], Any] | None = None,
+) -> AsyncIterator[RouterCore]:
+    """Start and supervise every deployment's workers; leaving drains and stops them.
+
+    `in_process=True` runs each managed replica as a `WorkerService` in this process;
+    `worker_factory(WorkerOptions) -> service` overrides which service (tests)."""
+    if in_process and worker_factory is None:
+        from sr.worker.service import WorkerService
+
+        worker_factory = WorkerService
+    own_dir = run_dir is None
+    path = Path(tempfile.mkdtemp(prefix="sr-")) if own_dir else Path(run_dir)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            core = RouterCore(
+                config,
+                nursery,
+                events=events or EventSink(),
+                threads=threads if threads is not None else _default_threads(),
+                run_dir=path,
+                worker_factory=worker_factory,
+            )
+            await core.start(config)
+            try:
+                yield core
+            except BaseException as error:
+                body_error = error
+                raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await core.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The caller's own exception comes back as itself, not wrapped by our nursery.
+        if body_error is not None and list(group.exceptions) == [body_error]:
+            raise body_error from None
+        raise
+    finally:
+        if own_dir:
+            shutil.rmtree(path, ignore_errors=True)

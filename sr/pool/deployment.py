@@ -1,0 +1,144 @@
+"""DeploymentPool: one deployment's replica tasks, its dispatch with deadlines, its timers.
+
+A dispatch reserves a replica synchronously (sr.pool.policy), then runs the exchange in a
+cancel scope whose deadline is min(caller deadline, `timeout_ms`). The scope firing is a
+`timeout`; a cancellation from outside (the caller went away) is `canceled`. Whatever
+happens, the reservation is released exactly once, after the response body was read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import attrs
+import trio
+
+from sr.config.schema import Deployment
+from sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
+from sr.pool.outcome import Outcome, outcome_of_status
+from sr.pool.policy import DeploymentPolicy
+from sr.pool.replica import ReplicaRunner
+from sr.pool.state import TERMINAL, ReplicaState
+from sr.pool.transport import TransportError
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    replica_id: str
+
+
+class DeploymentPool:
+    def __init__(self, name: str, config: Deployment, policy: DeploymentPolicy) -> None:
+        self.name = name
+        self.config = config
+        self.policy = policy
+        self.runners: dict[str, ReplicaRunner] = {}  # published replicas, by identity
+        self.cancel_scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._poke = trio.Event()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with self.cancel_scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timers)
+                task_status.started()
+                await trio.sleep_forever()
+
+    async def start_runner(self, runner: ReplicaRunner) -> None:
+        assert self._nursery is not None
+        await self._nursery.start(runner.run)
+
+    def publish(self, config: Deployment, runners: dict[str, ReplicaRunner]) -> None:
+        self.config = config
+        self.runners = dict(runners)
+        self.policy.publish([r.record for r in runners.values()], config.outlier_detection)
+        self._poke.set()
+
+    # -- dispatch -------------------------------------------------------------------
+    async def request_raw(self, path: str, body: bytes, timeout_s: float | None) -> Reply:
+        now = trio.current_time()
+        deadline = math.inf if timeout_s is None else now + timeout_s
+        if self.config.timeout_ms is not None:
+            deadline = min(deadline, now + self.config.timeout_ms / 1000)
+        res = self.policy.reserve(len(body), now)
+        rec = res.record
+        runner = self.runners.get(rec.id)
+        transport = runner.transport if runner is not None else None
+        outcome = Outcome.CANCELED
+        try:
+            if transport is None:
+                outcome = Outcome.REJECTED  # refused before sending
+                raise Unavailable(f"replica {rec.id} of {self.name!r} has no connection")
+            with trio.move_on_at(deadline) as scope:
+                try:
+                    status, headers, payload = await transport.exchange("POST", path, body)
+                except TransportError as error:
+                    outcome = Outcome.FAILED
+                    raise WorkerFailed(f"replica {rec.id} of {self.name!r}: {error}") from None
+                outcome = outcome_of_status(status)
+            if scope.cancelled_caught:
+                outcome = Outcome.TIMEOUT
+                raise DeadlineExceeded(
+                    f"deployment {self.name!r}: no answer from replica {rec.id} within the deadline"
+                )
+        finally:
+            if self.policy.release(res, outcome, trio.current_time()) and runner is not None:
+                runner.request_probe()
+            self._poke.set()
+        if outcome is Outcome.FAILED:
+            raise WorkerFailed(
+                f"replica {rec.id} of {self.name!r} answered {status}: {_message(payload)}"
+            )
+        return Reply(status, headers, payload, rec.id)
+
+    async def _timers(self) -> None:
+        """Emit state changes that happen by time alone (end of backoff or ejection)."""
+        while True:
+            wake = self.policy.next_wakeup(trio.current_time())
+            with trio.move_on_at(math.inf if wake is None else wake):
+                await self._poke.wait()
+            self._poke = trio.Event()
+            self.policy.refresh(trio.current_time())
+
+    # -- views ----------------------------------------------------------------------
+    def snapshot(self, now: float) -> dict:
+        rows = [r.record.snapshot(now) for r in self.runners.values()]
+        ready = sum(1 for row in rows if row["state"] in ("ready", "backoff"))
+        desired = len(self.config.placements())
+        waiting = {"starting", "loading", "warming", "restarting"}
+        if ready and ready >= desired:
+            state = "ready"
+        elif ready:
+            state = "degraded"
+        elif any(row["state"] in waiting for row in rows):
+            state = "starting"
+        else:
+            state = "unavailable"
+        return {
+            "artifact": self.config.artifact,
+            "desired_replicas": desired,
+            "ready_replicas": ready,
+            "state": state,
+            "restarts": sum(row["restarts"] for row in rows),
+            "replicas": rows,
+        }
+
+    def has_ready(self) -> bool:
+        return any(r.record.lifecycle is ReplicaState.READY for r in self.runners.values())
+
+    def all_terminal(self) -> bool:
+        return bool(self.runners) and all(
+            r.record.lifecycle in TERMINAL for r in self.runners.values()
+        )
+
+
+def _message(payload: bytes) -> str:
+    try:
+        return str(json.loads(payload)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return payload[:200].decode("utf-8", "replace") or "(empty body)"

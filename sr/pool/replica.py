@@ -1,0 +1,305 @@
+"""ReplicaRunner: the one task that owns a replica's worker, its prober and its drain.
+
+Three kinds, one task shape:
+* managed — starts `python -m sr worker ... --uds PATH` (argv list, no shell), restarts
+  it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
+* attached (`endpoint`) — only probed, never started or stopped;
+* in-process — a `WorkerService` run in this task's nursery, called directly.
+
+The prober polls `/health` fast while the replica is not ready and slowly once it is, and
+at once when the pool asks (after a failed or timed-out request). On the first ready
+answer of each incarnation it reads the card (`/v1/models`) for threads and engine caps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sr.config.schema import Deployment, Replica
+from sr.pool.policy import DeploymentPolicy
+from sr.pool.record import ReplicaRecord
+from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
+from sr.pool.transport import HttpTransport, InProcessTransport, Transport, TransportError
+
+S = ReplicaState
+PROBE_NOT_READY_S = 0.1
+PROBE_READY_S = 1.5
+PROBE_TIMEOUT_S = 2.0
+STOP_GRACE_S = 5.0
+DRAIN_POLL_S = 0.02
+
+
+def worker_argv(deployment: Deployment, device: str, threads: int, uds: str) -> list[str]:
+    argv = [sys.executable, "-m", "sr", "worker", "--artifact", deployment.artifact]
+    argv += ["--device", device, "--threads", str(threads)]
+    if deployment.revision:
+        argv += ["--revision", deployment.revision]
+    argv += ["--profile", deployment.profile]
+    argv += ["--max-tokens", str(deployment.input.max_tokens)]
+    argv += ["--overflow", deployment.input.overflow]
+    if deployment.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
+    if deployment.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
+    return [*argv, "--uds", uds]
+
+
+def incompatibility(deployment: Deployment, card: dict) -> str | None:
+    """Why a worker's card does not match the deployment's engine caps, or None."""
+    limits = card.get("limits") or {}
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        wanted = getattr(deployment, key)
+        if wanted is not None and limits.get(key) != wanted:
+            return f"{key}: deployment sets {wanted}, worker reports {limits.get(key)}"
+    return None
+
+
+class ReplicaRunner:
+    def __init__(
+        self,
+        *,
+        record: ReplicaRecord,
+        placement: Replica,
+        deployment: Deployment,
+        policy: DeploymentPolicy,
+        threads: int,
+        run_dir: Path,
+        worker_factory: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.record = record
+        self.placement = placement
+        self.deployment = deployment
+        self.policy = policy
+        self.threads = threads
+        self.run_dir = run_dir
+        self.worker_factory = worker_factory
+        self.transport: Transport | None = None
+        self.cancel_scope = trio.CancelScope()
+        self.done = trio.Event()
+        self._probe_now = trio.Event()
+        self._incarnation = 0
+        self._stderr_tail = b""
+
+    # -- public ---------------------------------------------------------------------
+    def request_probe(self) -> None:
+        self._probe_now.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            with self.cancel_scope:
+                if self.placement.attached:
+                    await self._serve(HttpTransport(base_url=self.placement.endpoint))
+                elif self.worker_factory is not None:
+                    await self._run_in_process()
+                else:
+                    await self._run_managed()
+                await trio.sleep_forever()  # terminal: stay listed until retired
+        finally:
+            self.transport = None
+            self.done.set()
+
+    async def retire(self, drain_timeout_s: float) -> None:
+        """Stop taking work, finish in-flight requests (bounded), then stop the worker."""
+        rec = self.record
+        rec.retired = True
+        self.policy.set_lifecycle(rec, S.DRAINING, trio.current_time(), rec.reason)
+        with trio.move_on_after(drain_timeout_s):
+            while rec.inflight > 0:
+                await trio.sleep(DRAIN_POLL_S)
+        self.cancel_scope.cancel()
+        await self.done.wait()
+
+    # -- kinds ----------------------------------------------------------------------
+    async def _run_in_process(self) -> None:
+        from sr.worker.options import WorkerOptions
+
+        options = WorkerOptions(**self._worker_options())
+        try:
+            service = self.worker_factory(options)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                await self._serve(InProcessTransport(service))
+                nursery.cancel_scope.cancel()
+        except Exception as error:  # the in-process worker crashed: a terminal failure
+            self._set(S.FAILED, f"in-process worker failed: {type(error).__name__}: {error}")
+
+    async def _run_managed(self) -> None:
+        while True:
+            self._incarnation += 1
+            verdict, code = await self._run_incarnation()
+            if verdict == "failed" or not await self._after_exit(code):
+                return
+
+    async def _run_incarnation(self) -> tuple[str | None, int | None]:
+        """One worker process from start to exit; returns (probe verdict, exit status)."""
+        rec = self.record
+        uds = self.run_dir / f"{rec.id}-{self._incarnation}.sock"
+        uds.unlink(missing_ok=True)
+        device = self.placement.device or "cpu"
+        argv = worker_argv(self.deployment, device, self.threads, str(uds))
+        self._set(S.STARTING, None)
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        rec.pid = process.pid
+        self._stderr_tail = b""
+        transport = HttpTransport(uds=str(uds))
+        verdict: str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._pump_stderr, process.stderr)
+
+                async def serve() -> None:
+                    nonlocal verdict
+                    verdict = await self._serve(transport)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(serve)
+                await process.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.transport = None
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+                await stop_process(process, STOP_GRACE_S)
+            rec.pid = None
+            uds.unlink(missing_ok=True)
+        return verdict, process.returncode
+
+    async def _after_exit(self, code: int | None) -> bool:
+        """A managed worker exited on its own: restart after backoff, or give up (False)."""
+        rec = self.record
+        now = trio.current_time()
+        if rec.restart.healthy_since is None:
+            rec.early_exits += 1
+        last = self._last_stderr_line()
+        why = f"worker exited with status {code}" + (f": {last}" if last else "")
+        if rec.early_exits >= TERMINAL_EARLY_EXITS:
+            self._set(S.FAILED, f"{why} ({rec.early_exits} exits before becoming ready)")
+            return False
+        delay = rec.restart.exited(now)
+        self._set(S.RESTARTING, f"{why}; restarting in {delay:g}s")
+        await trio.sleep(delay)
+        self.policy.events.emit(
+            "replica_restarted",
+            deployment=rec.deployment,
+            replica=rec.id,
+            restarts=rec.restart.restarts,
+        )
+        return True
+
+    # -- probing --------------------------------------------------------------------
+    async def _serve(self, transport: Transport) -> str:
+        """Probe until the replica is terminal; returns "failed" (never returns otherwise
+        except by cancellation: an incompatible replica keeps its process, idle)."""
+        rec = self.record
+        self.transport = transport
+        card_read = False
+        try:
+            while True:
+                self._probe_now = trio.Event()
+                state, reason = await self._probe(transport)
+                if state is S.FAILED:
+                    self._set(S.FAILED, reason)
+                    return "failed"
+                if state is S.READY and not card_read:
+                    card = await self._read_card(transport)
+                    card_read = card is not None
+                    if card is not None:
+                        rec.card = card
+                        rec.threads = card.get("threads", rec.threads)
+                        why = incompatibility(self.deployment, card)
+                        if why is not None:
+                            self._set(S.INCOMPATIBLE, why)
+                            await trio.sleep_forever()
+                    else:
+                        state, reason = S.UNREACHABLE, "could not read the model card"
+                self._set(state, reason)
+                interval = PROBE_READY_S if state is S.READY else PROBE_NOT_READY_S
+                with trio.move_on_after(interval):
+                    await self._probe_now.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.placement.attached:
+                    await transport.aclose()
+
+    async def _probe(self, transport: Transport) -> tuple[ReplicaState, str | None]:
+        with trio.move_on_after(PROBE_TIMEOUT_S):
+            try:
+                status, _, body = await transport.exchange("GET", "/health")
+            except TransportError as error:
+                if self._never_answered():
+                    return S.STARTING, None  # the socket is not up yet
+                return S.UNREACHABLE, str(error)
+            if status == 200:
+                return S.READY, None
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                answer = {}
+            state = HEALTH_STATUS.get(str(answer.get("status")), S.UNREACHABLE)
+            return state, answer.get("reason") or f"/health answered {status}"
+        return S.UNREACHABLE, f"/health did not answer within {PROBE_TIMEOUT_S:g}s"
+
+    async def _read_card(self, transport: Transport) -> dict | None:
+        with trio.move_on_after(PROBE_TIMEOUT_S):
+            try:
+                status, _, body = await transport.exchange("GET", "/v1/models")
+                data = json.loads(body).get("data") or [{}]
+            except (TransportError, ValueError, AttributeError):
+                return None
+            return data[0] if status == 200 and isinstance(data[0], dict) else None
+        return None
+
+    def _never_answered(self) -> bool:
+        return self.record.lifecycle in (S.STARTING, S.RESTARTING) and not self.placement.attached
+
+    # -- helpers --------------------------------------------------------------------
+    def _set(self, state: ReplicaState, reason: str | None) -> None:
+        self.policy.set_lifecycle(self.record, state, trio.current_time(), reason)
+
+    def _worker_options(self) -> dict:
+        d = self.deployment
+        return {
+            "artifact": d.artifact,
+            "device": self.placement.device or "cpu",
+            "revision": d.revision,
+            "threads": self.threads,
+            "profile": d.profile,
+            "max_tokens": d.input.max_tokens,
+            "overflow": d.input.overflow,
+            "max_num_seqs": d.max_num_seqs,
+            "max_num_batched_tokens": d.max_num_batched_tokens,
+        }
+
+    async def _pump_stderr(self, stream: trio.abc.ReceiveStream) -> None:
+        """Pass the worker's log through, keeping its tail for failure reasons."""
+        while chunk := await stream.receive_some(65536):
+            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+            os.write(2, chunk)
+
+    def _last_stderr_line(self) -> str:
+        lines = [
+            ln for ln in self._stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()
+        ]
+        return lines[-1].strip()[:300] if lines else ""
+
+
+async def stop_process(process: trio.Process, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace_s`."""
+    if process.returncode is None:
+        process.terminate()
+        with trio.move_on_after(grace_s):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()

@@ -1,0 +1,254 @@
+"""RouterCore with in-process fake workers under a mock clock: the I/O layer's rules."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from sr.config.schema import Deployment, OutlierDetection, Replica
+from sr.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    UsageError,
+    WorkerFailed,
+)
+from sr.events import RecordingSink
+from sr.pool import ReloadFailed, StartupFailed, open_router
+from sr.pool.durations import parse_duration, ready_timeout_s
+from sr.pool.identity import replica_identities
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+def router(config, fake_worker, tmp_path, sink=None):
+    return open_router(
+        config,
+        events=sink or RecordingSink(),
+        in_process=True,
+        threads=2,
+        run_dir=tmp_path / "run",
+        worker_factory=fake_worker,
+    )
+
+
+async def test_requests_flow_and_inventory(fake_worker, configs, tmp_path, autojump_clock):
+    sink = RecordingSink()
+    cfg = configs.config_with(("primary", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path, sink) as core:
+        assert not core.is_ready()
+        assert core.inventory()["deployments"]["primary"]["state"] == "starting"
+        await core.wait_ready(5)
+        await trio.sleep(1)  # wait_ready needs one ready replica; let the second load too
+        assert core.resolve("/models/tiny") == "primary"
+        with pytest.raises(ModelNotFound):
+            core.resolve("nope")
+        answer = await core.request("primary", "/v1/embeddings", {"input": "hi"})
+        assert answer["model"] == "/models/tiny"
+        inv = core.inventory()["deployments"]["primary"]
+        assert (inv["desired_replicas"], inv["ready_replicas"], inv["state"]) == (2, 2, "ready")
+        row = inv["replicas"][0]
+        assert row["threads"] == 2 and row["device"] == "cpu" and row["inflight"] == 0
+        states = [(e["state"]) for e in sink.named("replica_state")]
+        assert states.count("ready") == 2 and "loading" in states
+        status = core.startup_status()
+        assert status["ready"] is True
+        assert set(status["deployments"]["primary"]["replicas"][0]) >= {"id", "state", "reason"}
+
+
+async def test_deadline_is_timeout_and_releases_admission(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["mode"] = "hang"
+    cfg = configs.config_with(("d", configs.cpu(1, timeout_ms=2000)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        start = trio.current_time()
+        with pytest.raises(DeadlineExceeded):
+            await core.request_raw("d", "/v1/embeddings", b"{}", timeout_s=0.5)
+        assert trio.current_time() - start == pytest.approx(0.5)
+        await trio.sleep(0.1)  # the timeout put the replica in backoff for 0.1 s
+        with pytest.raises(DeadlineExceeded):
+            await core.request_raw("d", "/v1/embeddings", b"{}", timeout_s=60)
+        assert trio.current_time() - start == pytest.approx(0.5 + 0.1 + 2.0, abs=0.25)
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert (row["inflight"], row["outstanding_bytes"], row["consecutive_timeouts"]) == (
+            0,
+            0,
+            2,
+        )
+
+
+async def test_outer_cancel_is_canceled_and_releases(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["mode"] = "hang"
+    cfg = configs.config_with(("d", configs.cpu(1)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        with trio.move_on_after(1):
+            await core.request_raw("d", "/v1/embeddings", b"{}")
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert (row["inflight"], row["consecutive_timeouts"], row["state"]) == (0, 0, "ready")
+
+
+async def test_admission_cap_through_the_core(fake_worker, configs, tmp_path, autojump_clock):
+    fake_worker.behaviour["mode"] = "hang"
+    cfg = configs.config_with(("d", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        await trio.sleep(1)  # both replicas loaded
+        async with trio.open_nursery() as nursery:
+            for _ in range(64):
+                nursery.start_soon(core.request_raw, "d", "/v1/embeddings", b"{}")
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(Overloaded):
+                await core.request_raw("d", "/v1/embeddings", b"{}")
+            rows = core.inventory()["deployments"]["d"]["replicas"]
+            assert [r["inflight"] for r in rows] == [32, 32]
+            nursery.cancel_scope.cancel()
+        rows = core.inventory()["deployments"]["d"]["replicas"]
+        assert [r["inflight"] for r in rows] == [0, 0]
+
+
+async def test_worker_4xx_and_5xx(fake_worker, configs, tmp_path, autojump_clock):
+    cfg = configs.config_with(("d", configs.cpu(1)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["mode"] = "bad"
+        reply = await core.request_raw("d", "/v1/embeddings", b"{}")
+        assert reply.status == 400 and reply.replica_id.startswith("d-")
+        with pytest.raises(InvalidRequest, match="input: bad"):
+            await core.request("d", "/v1/embeddings", {"input": 1})
+        fake_worker.behaviour["mode"] = "fail"
+        with pytest.raises(WorkerFailed, match="boom"):
+            await core.request_raw("d", "/v1/embeddings", b"{}")
+        assert core.inventory()["deployments"]["d"]["replicas"][0]["state"] == "backoff"
+
+
+async def test_incompatible_replica_is_shown_and_never_dispatched(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["limits"] = {"max_num_seqs": 32}
+    cfg = configs.config_with(("d", configs.cpu(1, max_num_seqs=64)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        with pytest.raises(StartupFailed, match="max_num_seqs: deployment sets 64"):
+            await core.wait_ready(5)
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert row["state"] == "incompatible" and "worker reports 32" in row["reason"]
+
+
+async def test_startup_fails_fast_when_every_replica_fails(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["health_failed"] = "artifact not found: /models/tiny"
+    cfg = configs.config_with(("d", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        start = trio.current_time()
+        with pytest.raises(StartupFailed) as info:
+            await core.wait_ready(600)
+        assert trio.current_time() - start < 2
+        assert "'d'" in str(info.value) and "artifact not found" in str(info.value)
+        assert "d-" in str(info.value)  # names the replica
+
+
+async def test_ejection_end_to_end_through_the_core(fake_worker, configs, tmp_path, autojump_clock):
+    sink = RecordingSink()
+    od = OutlierDetection(consecutive_timeouts=1, base_ejection_ms=10_000)
+    cfg = configs.config_with(("d", configs.cpu(2, timeout_ms=1000, outlier_detection=od)))
+    async with router(cfg, fake_worker, tmp_path, sink) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["mode"] = "hang_first"
+        outcomes = []
+        for _ in range(6):
+            try:
+                await core.request_raw("d", "/v1/embeddings", b"{}")
+                outcomes.append("ok")
+            except DeadlineExceeded:
+                outcomes.append("timeout")
+            await trio.sleep(0.2)  # past the request backoff
+        # first timeout withheld (no other ok yet); the second ejects
+        assert outcomes.count("timeout") == 2 and outcomes[-2:] == ["ok", "ok"]
+        withheld = sink.named("replica_ejection_withheld")
+        assert [w["rule"] for w in withheld] == ["serving_replica"]
+        ejected = sink.named("replica_ejected")
+        assert len(ejected) == 1 and ejected[0]["duration_ms"] == 10_000
+        row = next(r for r in core.inventory()["deployments"]["d"]["replicas"] if r["ejections"])
+        assert row["state"] == "ejected" and 0 < row["ejected_for_ms"] <= 10_000
+        await trio.sleep(10.5)
+        readmitted = sink.named("replica_readmitted")
+        assert readmitted and readmitted[0]["reason"] == "cooldown"
+
+
+async def test_reload_keeps_unchanged_replicas_and_bindings_restart_nothing(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("d", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        before = dict(core.pools["d"].runners)
+        bigger = configs.config_with(("d", configs.cpu(3)))
+        bigger.global_.model_catalog.bindings = {"chat": "d"}
+        await core.reload(bigger, timeout_s=5)
+        after = core.pools["d"].runners
+        assert len(after) == 3 and all(after[k] is v for k, v in before.items())
+        assert core.inventory()["deployments"]["d"]["ready_replicas"] == 3
+        smaller = configs.config_with(("d", configs.cpu(1)))
+        await core.reload(smaller, timeout_s=5)
+        await trio.sleep(1)
+        assert list(core.pools["d"].runners) == list(before)[:1]
+        assert sum(r.done.is_set() for r in before.values()) == 1  # the retired one stopped
+
+
+async def test_failed_reload_leaves_old_config_serving(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("d", configs.cpu(1)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["health_failed"] = "golden check failed"
+        new = configs.config_with(("d", configs.cpu(1)), ("e", configs.cpu(1)))
+        with pytest.raises(ReloadFailed, match="golden check failed"):
+            await core.reload(new, timeout_s=5)
+        assert list(core.pools) == ["d"] and core.config is cfg
+        assert (await core.request("d", "/v1/embeddings", {"input": "x"}))["model"]
+
+
+def test_identity_shorthand_equals_one_explicit_replica():
+    short = Deployment(artifact="a", device="cpu")
+    explicit = Deployment(artifact="a", replicas=[Replica(device="cpu")])
+    assert replica_identities("p", short, 2) == replica_identities("p", explicit, 2)
+    two = [
+        i
+        for i, _ in replica_identities(
+            "p", Deployment(artifact="a", replicas=[Replica("cpu")] * 2), 2
+        )
+    ]
+    assert len(set(two)) == 2 and two[0] == replica_identities("p", short, 2)[0][0]
+    changed = Deployment(artifact="a", device="cpu", max_num_seqs=8)
+    assert replica_identities("p", changed, 2)[0][0] != two[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("10m", 600), ("1h", 3600), ("250ms", 0.25), ("5", 5)]
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10x", "-1s", "0s", "m"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(UsageError, match=r"duration|greater than zero"):
+        parse_duration(text)
+
+
+def test_ready_timeout_default_and_env():
+    assert ready_timeout_s({}) == 600
+    assert ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "90s"}) == 90
+    with pytest.raises(UsageError, match="VLLM_SRUN_READY_TIMEOUT"):
+        ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "soon"})
