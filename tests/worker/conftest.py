@@ -1,0 +1,7 @@
+import pytest
+from worker_fakes import FakeModel
+
+
+@pytest.fixture
+def fake_model() -> FakeModel:
+    return FakeModel()
