@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sr.devices import cpu_budget
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.worker.adaptive import (
@@ -105,8 +106,9 @@ class ForwardRunner:
     """Runs every forward of one worker at its thread count, on the device thread.
 
     mode 0: always the configured count. mode 1/2: adaptive learning (see
-    `sr.worker.adaptive`); `budget` bounds the counts explored (default: the configured
-    count). The engine calls `unlock()` once the golden check has passed.
+    `sr.worker.adaptive`); `budget` bounds the counts explored (default: this process's
+    CPU budget, `sr.devices.cpu_budget()`). The engine calls `unlock()` once the golden
+    check has passed.
     """
 
     def __init__(
@@ -130,16 +132,13 @@ class ForwardRunner:
         self._events = events if events is not None else EventSink()
         self._clock = clock
         self._state_lock = threading.Lock()  # report() comes from another thread
-        self._learner = (
-            ThreadLearner(
-                threads,
-                allowed_thread_counts(threads, budget if budget is not None else threads),
-                mode=mode,
-                settings=settings,
+        self._learner: ThreadLearner | None = None
+        if mode:
+            if budget is None:
+                budget = cpu_budget()
+            self._learner = ThreadLearner(
+                threads, allowed_thread_counts(threads, budget), mode=mode, settings=settings
             )
-            if mode
-            else None
-        )
 
     def unlock(self) -> None:
         """The golden check passed: warm-up and exploration may start."""

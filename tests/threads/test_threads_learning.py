@@ -240,3 +240,11 @@ def test_mode0_runs_once_at_the_configured_count_and_ignores_unlock():
     for tokens in (1, 100, 5000):
         runner.run(forward, tokens)
     assert forward.counts() == [2, 2, 2]
+
+
+def test_the_default_budget_is_this_process_cpu_budget():
+    from sr.devices import cpu_budget
+    from sr.worker.adaptive import allowed_thread_counts
+
+    runner = ForwardRunner(1, mode=1)
+    assert runner.report()["allowed_threads"] == list(allowed_thread_counts(1, cpu_budget()))
