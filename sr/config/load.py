@@ -12,15 +12,10 @@ import os
 import tempfile
 from pathlib import Path
 
-import attrs
-import cattrs
 import yaml
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from sr.config import schema
-from sr.config.schema import SrConfig, yaml_key
-from sr.config.shape import check_document
-from sr.config.validate import validate
+from sr.config.convert import CONVERTER, structure_checked, validate
+from sr.config.schema import SrConfig
 from sr.errors import ConfigError, ConfigIssue
 
 __all__ = [
@@ -30,51 +25,6 @@ __all__ = [
     "validate",
     "write_config_atomic",
 ]
-
-_CLASSES = (
-    schema.InputLimits,
-    schema.OutlierDetection,
-    schema.Replica,
-    schema.Deployment,
-    schema.DecisionModel,
-    schema.System,
-    schema.ModelCatalog,
-    schema.RouterSettings,
-    schema.GlobalSection,
-    schema.Listener,
-    schema.SrConfig,
-)
-
-
-def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter()
-    for cls in _CLASSES:
-        overrides = {}
-        for field in attrs.fields(cls):
-            # A None default marks an optional field: the canonical dump leaves it out.
-            overrides[field.name] = override(
-                rename=yaml_key(field) if yaml_key(field) != field.name else None,
-                omit_if_default=field.default is None,
-            )
-        conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, **overrides))
-        conv.register_unstructure_hook(
-            cls, _in_field_order(cls, make_dict_unstructure_fn(cls, conv, **overrides))
-        )
-    return conv
-
-
-def _in_field_order(cls: type, unstructure):
-    # cattrs emits omit-if-default fields after the others; the dump keeps SPEC order.
-    order = [yaml_key(f) for f in attrs.fields(cls)]
-
-    def hook(obj):
-        raw = unstructure(obj)
-        return {key: raw[key] for key in order if key in raw}
-
-    return hook
-
-
-CONVERTER = _make_converter()
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -114,18 +64,7 @@ def parse_config(text: str, source: str = "<config>") -> SrConfig:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         raise ConfigError([_yaml_error(exc, source)]) from None
-    cleaned, shape_issues = check_document(data, SrConfig)
-    cfg = CONVERTER.structure(cleaned, SrConfig)
-    # A value already reported as malformed was replaced by its default; semantic checks
-    # of that value (or below it) would only repeat the report.
-    reported = [i.path for i in shape_issues]
-    semantic = [] if "" in reported else validate(cfg)  # "" = the document itself is wrong
-    semantic = [
-        i
-        for i in semantic
-        if not any(i.path == p or i.path.startswith((p + ".", p + "[")) for p in reported)
-    ]
-    issues = shape_issues + semantic
+    cfg, issues = structure_checked(data)
     if issues:
         raise ConfigError(issues)
     return cfg

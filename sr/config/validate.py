@@ -1,6 +1,6 @@
 """Semantic validation of a structured config: every rule, every issue, each with its path.
 
-`validate(cfg)` never raises; it returns the list of `ConfigIssue`s (empty when valid).
+`semantic_issues(cfg)` never raises; it returns the list of `ConfigIssue`s (empty when valid).
 Type and unknown-key problems are found earlier, on the raw YAML, by `sr.config.shape`.
 """
 
@@ -204,7 +204,7 @@ def _check_platforms(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
         )
 
 
-def validate(cfg: SrConfig) -> list[ConfigIssue]:
+def semantic_issues(cfg: SrConfig) -> list[ConfigIssue]:
     """Every semantic problem of `cfg`, each with its path; empty when it is valid."""
     issues: list[ConfigIssue] = []
     catalog = cfg.global_.model_catalog

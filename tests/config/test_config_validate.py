@@ -269,3 +269,18 @@ def test_every_issue_is_collected():
     cfg = with_primary(max_num_seqs=0, replicas=[Replica(), Replica(device="x")])
     cfg.global_.model_catalog.bindings["b"] = "nope"
     assert len(validate(cfg)) == 4
+
+
+def test_configs_built_in_python_get_the_type_checks_of_a_file():
+    cfg = with_primary(timeout_ms="10s")
+    cfg.listeners = [Listener(port="8899")]
+    assert messages(cfg) == [
+        f"{P}.timeout_ms: expected an integer, got string '10s'",
+        "listeners[0].port: expected an integer, got string '8899'",
+    ]
+
+
+def test_a_malformed_object_is_an_issue_not_a_crash():
+    cfg = with_primary(replicas=[{"device": "cpu"}])
+    (issue,) = validate(cfg)
+    assert issue.path == "" and issue.message.startswith("malformed config object:")
