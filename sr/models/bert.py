@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from sr.models.checkpoint import UnsupportedModel
+from sr.models.gemm_rows import min_consistent_rows
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -146,6 +147,11 @@ class BertEncoder:
     def _scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
 
+    def _padded_rows(self, rows: int) -> int:
+        """Zero rows to append so every product is past the BLAS short-matrix cut-off."""
+        cut_off = min_consistent_rows(self.device, self.hidden_size, self.hidden_size)
+        return max(0, cut_off - rows)
+
     def hidden_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T] with per-row `lengths`."""
         if len(lengths) == 1:
@@ -154,8 +160,16 @@ class BertEncoder:
             positions = self.position_type[torch.cat([self.positions[:n] for n in lengths])]
         hidden_size, eps = self.hidden_size, self.eps
         x = F.layer_norm(self.word[ids] + positions, (hidden_size,), *self.emb_ln, eps)
+        tokens = x.shape[0]
+        pad = self._padded_rows(tokens)
+        if pad:
+            # Padding rows only ever meet per-row operations; attention never sees them.
+            x = F.pad(x, (0, 0, 0, pad))
         for layer in self.layers:
-            ctx = self._attention(F.linear(x, layer.qkv_w, layer.qkv_b), lengths)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            ctx = self._attention(qkv[:tokens] if pad else qkv, lengths)
+            if pad:
+                ctx = F.pad(ctx, (0, 0, 0, pad))
             x = F.layer_norm(
                 F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
             )
@@ -166,9 +180,12 @@ class BertEncoder:
                 *layer.ln2,
                 eps,
             )
-        return x
+        return x[:tokens] if pad else x
 
     def classify(self, first_token_states: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token ([CLS]) hidden state."""
-        pooled = torch.tanh(F.linear(first_token_states, self.pooler_w, self.pooler_b))
-        return F.linear(pooled, self.classifier_w, self.classifier_b)
+        rows = first_token_states.shape[0]
+        pad = self._padded_rows(rows)
+        states = F.pad(first_token_states, (0, 0, 0, pad)) if pad else first_token_states
+        pooled = torch.tanh(F.linear(states, self.pooler_w, self.pooler_b))
+        return F.linear(pooled, self.classifier_w, self.classifier_b)[:rows]

@@ -1,0 +1,118 @@
+"""The startup golden check: fixed inputs, run twice, compared with recorded references.
+
+A worker reports ready only after `golden_check(model)` passes: the golden inputs must give
+bit-identical answers on a rerun, and when the weights are ones with a recorded reference
+(matched by the sha256 of model.safetensors) the embeddings must match it within 1e-5 on
+CPU. References are recorded with sentence-transformers by tests/models/record_golden.py;
+sr itself never imports sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import torch
+
+GOLDEN_INPUTS: tuple[str, ...] = (
+    "hello",
+    "What is the capital of France?",
+    "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun.",
+    "Refunds: 30 days!!! (see §4.2) -- no questions asked... really?",
+    "Crème brûlée, naïve café, Straße, Ångström, déjà vu.",
+    "東京は日本の首都です。 Москва — столица России. 🙂🚀",
+    "def route(x): return x['model'] if x else None  # 404 <b>not</b> found",
+    "A router serves small encoder models as pools of worker processes; each replica loads "
+    "its own copy of the weights, answers health probes, and batches the rows of concurrent "
+    "requests into shared forward passes when that leaves every answer bit-identical.",
+)
+
+REFERENCE_FILES = (Path(__file__).with_name("golden_minilm.json"),)
+CPU_TOLERANCE = 1e-5
+# Accelerators may use other kernels (and TF32); the spec bounds the CPU only.
+ACCELERATOR_TOLERANCE = 1e-3
+
+
+@attrs.frozen
+class GoldenResult:
+    status: Literal["passed", "failed"]
+    reason: str
+    max_abs_diff: float | None = None
+    reference: str | None = None  # the reference file compared with, if any
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def golden_token_ids(model) -> list[list[int]]:
+    limit = model.max_position_embeddings
+    if model.max_seq_length is not None:
+        limit = min(limit, model.max_seq_length)
+    return [model.truncate(ids, limit) for ids in model.tokenize(list(GOLDEN_INPUTS))]
+
+
+def load_reference(weights_sha256: str, files=REFERENCE_FILES) -> tuple[Path, dict] | None:
+    for path in files:
+        reference = json.loads(Path(path).read_text())
+        if reference.get("weights_sha256") == weights_sha256:
+            return Path(path), reference
+    return None
+
+
+def golden_check(model, *, references=REFERENCE_FILES) -> GoldenResult:
+    """Run the golden inputs twice; compare with a recorded reference when one exists."""
+    try:
+        ids = golden_token_ids(model)
+        first = model.embed(ids)
+        second = model.embed(ids)
+        logits = None
+        if model.head_labels is not None:
+            logits = (model.classify_logits(ids), model.classify_logits(ids))
+    except Exception as exc:  # a model that cannot run its golden inputs is failed, not crashed
+        return GoldenResult("failed", f"golden inputs raised {type(exc).__name__}: {exc}")
+
+    if not torch.isfinite(first).all():
+        return GoldenResult("failed", "golden embeddings contain NaN or infinity")
+    if not torch.equal(first, second):
+        diff = float((first - second).abs().max())
+        return GoldenResult("failed", f"reruns differ (max abs diff {diff:.3g})", diff)
+    if logits is not None and not torch.equal(*logits):
+        return GoldenResult("failed", "classification head reruns differ")
+
+    found = load_reference(model.weights_sha256, references)
+    if found is None:
+        return GoldenResult(
+            "passed", "reruns bit-identical; no recorded reference for these weights"
+        )
+    path, reference = found
+    if list(reference["inputs"]) != list(GOLDEN_INPUTS):
+        return GoldenResult("failed", f"{path.name} was recorded for other inputs", None, path.name)
+    expected = torch.tensor(reference["embeddings"], dtype=torch.float32)
+    if expected.shape != first.shape:
+        return GoldenResult(
+            "failed",
+            f"shape {tuple(first.shape)} != reference {tuple(expected.shape)}",
+            None,
+            path.name,
+        )
+    diff = float((first - expected).abs().max())
+    tolerance = CPU_TOLERANCE if model.device.type == "cpu" else ACCELERATOR_TOLERANCE
+    if diff > tolerance:
+        return GoldenResult(
+            "failed",
+            f"max abs diff {diff:.3g} from {path.name} exceeds {tolerance:g}",
+            diff,
+            path.name,
+        )
+    return GoldenResult(
+        "passed",
+        f"reruns bit-identical; matches {path.name} (max abs diff {diff:.3g})",
+        diff,
+        path.name,
+    )

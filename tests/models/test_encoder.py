@@ -1,0 +1,207 @@
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sr.models import UnsupportedModel, load_model
+from sr.models.testing import write_tiny_bert
+
+TEXTS = [
+    "hello",
+    "What is the capital of France?",
+    "Crème brûlée, naïve café — 東京 🙂",
+    "a b c",
+    "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun again.",
+]
+
+
+def naive_bert_hidden(folder, ids_batch):
+    """Textbook padded BERT with a mask and explicit softmax, independent of sr's code."""
+    config = json.loads((folder / "config.json").read_text())
+    w = {k.removeprefix("bert."): v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    n, longest = len(ids_batch), max(len(r) for r in ids_batch)
+    ids = torch.zeros(n, longest, dtype=torch.long)
+    mask = torch.zeros(n, longest)
+    for i, row in enumerate(ids_batch):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    d = h // heads
+
+    def ln(x, p):
+        return torch.nn.functional.layer_norm(x, (h,), w[f"{p}.weight"], w[f"{p}.bias"], 1e-12)
+
+    def lin(x, p):
+        return x @ w[f"{p}.weight"].T + w[f"{p}.bias"]
+
+    x = w["embeddings.word_embeddings.weight"][ids]
+    x = x + w["embeddings.token_type_embeddings.weight"][0]
+    x = x + w["embeddings.position_embeddings.weight"][:longest]
+    x = ln(x, "embeddings.LayerNorm")
+    bias = (1.0 - mask)[:, None, None, :] * -1e9
+    for layer in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{layer}"
+
+        def split(t):
+            return t.view(n, longest, heads, d).transpose(1, 2)
+
+        q, k, v = (split(lin(x, f"{p}.attention.self.{m}")) for m in ("query", "key", "value"))
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + bias, dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(n, longest, h)
+        x = ln(lin(ctx, f"{p}.attention.output.dense") + x, f"{p}.attention.output.LayerNorm")
+        inner = torch.nn.functional.gelu(lin(x, f"{p}.intermediate.dense"))
+        x = ln(lin(inner, f"{p}.output.dense") + x, f"{p}.output.LayerNorm")
+    return x, mask, w
+
+
+def set_pooling(folder, mode_keys, normalize=True):
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    for key in list(config):
+        if key.startswith("pooling_mode"):
+            config[key] = key in mode_keys
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    modules = json.loads((folder / "modules.json").read_text())
+    if not normalize:
+        modules = [m for m in modules if not m["type"].endswith("Normalize")]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+def test_tokenizer_has_no_fixed_padding_or_truncation(tiny):
+    assert tiny.tokenizer.padding is None
+    assert tiny.tokenizer.truncation is None
+    ids = tiny.tokenize(["hi", "word " * 200])
+    assert len(ids[0]) == 3  # [CLS] hi [SEP]
+    assert len(ids[1]) == 202  # longer than the 128 the shipped tokenizer.json pads/cuts to
+    assert ids[1][0] == 101 and ids[1][-1] == 102
+
+
+def test_truncate_keeps_the_final_sep(tiny):
+    ids = tiny.tokenize(["one two three four five six"])[0]
+    cut = tiny.truncate(ids, 4)
+    assert cut == [*ids[:3], 102]
+    assert tiny.truncate(ids, len(ids)) == ids
+    assert tiny.truncate(ids, 100) == ids
+    with pytest.raises(ValueError):
+        tiny.truncate(ids, 1)
+
+
+def test_mean_embedding_matches_a_padded_textbook_reference(tiny, tiny_model_dir):
+    batch = tiny.tokenize(TEXTS)
+    hidden, mask, _ = naive_bert_hidden(tiny_model_dir, batch)
+    mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    expected = torch.nn.functional.normalize(mean, dim=1)
+    got = tiny.embed(batch)
+    assert got.shape == (len(TEXTS), tiny.embedding_dim)
+    assert (got - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("mode_keys", "normalize"),
+    [
+        (["pooling_mode_cls_token"], True),
+        (["pooling_mode_max_tokens"], False),
+        (["pooling_mode_mean_sqrt_len_tokens"], False),
+        (["pooling_mode_cls_token", "pooling_mode_mean_tokens"], True),
+    ],
+)
+def test_pooling_modes_follow_the_checkpoint(tmp_path, mode_keys, normalize):
+    folder = set_pooling(write_tiny_bert(tmp_path / "m", seed=3), mode_keys, normalize)
+    model = load_model(folder)
+    batch = model.tokenize(TEXTS)
+    hidden, mask, _ = naive_bert_hidden(folder, batch)
+    lengths = mask.sum(1, keepdim=True)
+    parts = {
+        "pooling_mode_cls_token": hidden[:, 0],
+        "pooling_mode_max_tokens": hidden.masked_fill(mask[..., None] == 0, -1e9).max(1).values,
+        "pooling_mode_mean_tokens": (hidden * mask[..., None]).sum(1) / lengths,
+        "pooling_mode_mean_sqrt_len_tokens": (hidden * mask[..., None]).sum(1) / lengths.sqrt(),
+    }
+    # sentence-transformers' concatenation order: cls, max, mean, mean_sqrt_len.
+    expected = torch.cat([parts[k] for k in parts if k in mode_keys], dim=1)
+    if normalize:
+        expected = torch.nn.functional.normalize(expected, dim=1)
+    got = model.embed(batch)
+    assert model.embedding_dim == 32 * len(mode_keys)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max() < 1e-5
+
+
+def test_rows_are_bit_identical_alone_and_in_mixed_batches(tiny):
+    rng = random.Random(5)
+    words = "the a cat routes model café 東京 ! , quick brown fox over".split()
+    before = torch.get_num_threads()
+    try:
+        # The BLAS short-matrix cut-off differs per thread count (see sr/models/gemm_rows.py).
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for _ in range(4):
+                texts = [" ".join(rng.choices(words, k=rng.randint(0, 30))) for _ in range(7)]
+                batch = tiny.tokenize(texts)
+                together = tiny.embed(batch)
+                for i, row in enumerate(batch):
+                    assert torch.equal(tiny.embed([row])[0], together[i]), (threads, texts[i])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(tiny.embed(batch), tiny.embed(batch))
+
+
+def test_head_logits_shape_labels_and_reference(tiny_head_model_dir):
+    model = load_model(tiny_head_model_dir)
+    assert model.head_labels == ["negative", "neutral", "positive"]
+    batch = model.tokenize(TEXTS)
+    logits = model.classify_logits(batch)
+    assert logits.shape == (len(TEXTS), 3)
+    hidden, _, w = naive_bert_hidden(tiny_head_model_dir, batch)
+    pooled = torch.tanh(hidden[:, 0] @ w["pooler.dense.weight"].T + w["pooler.dense.bias"])
+    expected = pooled @ w["classifier.weight"].T + w["classifier.bias"]
+    assert (logits - expected).abs().max() < 1e-5
+    for i, row in enumerate(batch):
+        assert torch.equal(model.classify_logits([row])[0], logits[i])
+
+
+def test_classify_without_head_is_a_value_error(tiny):
+    with pytest.raises(ValueError, match="no classification head"):
+        tiny.classify_logits(tiny.tokenize(["x"]))
+
+
+def test_bad_batches_are_value_errors(tiny):
+    with pytest.raises(ValueError, match="empty batch"):
+        tiny.embed([])
+    with pytest.raises(ValueError, match="no tokens"):
+        tiny.embed([[101, 102], []])
+    with pytest.raises(ValueError, match="at most 128"):
+        tiny.embed([[101] * 129])
+    with pytest.raises(ValueError, match="token ids"):
+        tiny.embed([[101, 999_999, 102]])
+
+
+def test_weights_sha256_is_the_file_digest(tiny, tiny_model_dir):
+    import hashlib
+
+    expected = hashlib.sha256((tiny_model_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert tiny.weights_sha256 == expected
+
+
+def test_unknown_family_and_unsupported_modules_are_refused(tmp_path):
+    folder = write_tiny_bert(tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(UnsupportedModel, match="model_type 'gpt2'.*supported: bert"):
+        load_model(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                       "type": "sentence_transformers.models.Dense"})
+    modules[3]["idx"] = 3
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(UnsupportedModel, match="Dense"):
+        load_model(folder)
