@@ -37,7 +37,7 @@ def test_absolute_path_must_hold_the_model_files(clean_env, tmp_path):
     folder = make_model_folder(tmp_path / "m")
     assert resolve_artifact(str(folder)) == folder.resolve()
     broken = make_model_folder(tmp_path / "broken", missing=("tokenizer.json",))
-    with pytest.raises(ArtifactNotFound, match="lacks tokenizer.json"):
+    with pytest.raises(ArtifactNotFound, match=r"lacks tokenizer\.json"):
         resolve_artifact(str(broken))
     with pytest.raises(ArtifactNotFound, match="not found"):
         resolve_artifact(str(tmp_path / "nowhere"))
