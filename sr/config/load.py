@@ -97,11 +97,12 @@ def write_config_atomic(path: str | os.PathLike, cfg: SrConfig) -> None:
     """Write the canonical dump: temp file in the same directory, fsync, rename.
 
     Readers see the old file or the new one, never a partial write. An existing file's
-    permission bits are kept (it may hold API keys).
+    permission bits are kept (it may hold API keys); a symlink keeps pointing at it.
     """
-    path = Path(path)
+    # Through a symlink, replace its target: replacing the link would orphan the target.
+    path = Path(os.path.realpath(path))
     text = dump_config(cfg).encode("utf-8")
-    directory = path.parent if str(path.parent) else Path(".")
+    directory = path.parent
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:

@@ -257,3 +257,14 @@ def test_write_config_atomic_leaves_the_old_file_when_writing_fails(tmp_path, mo
         write_config_atomic(path, default_config())
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_write_config_atomic_writes_through_a_symlink(tmp_path):
+    target = tmp_path / "real" / "config.yaml"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "config.yaml"
+    link.symlink_to(target)
+    write_config_atomic(link, default_config())
+    assert link.is_symlink()
+    assert target.read_text() == dump_config(default_config())
