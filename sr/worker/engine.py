@@ -84,6 +84,9 @@ class ResultCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def clear(self) -> None:
+        self._entries.clear()
+
 
 class Engine:
     def __init__(

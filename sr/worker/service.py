@@ -283,7 +283,7 @@ class WorkerService:
             "batching": {
                 "cross_request": engine.cross_request if engine else None,
                 "probe": self.probe.card() if self.probe else None,
-                "cache_rows": engine.cache.capacity if engine and engine.cache else 0,
+                "cache_rows": engine.cache.capacity if engine and engine.cache is not None else 0,
             },
             "adaptive_threads": self.runner.report(),
         }

@@ -8,6 +8,7 @@ import math
 import struct
 
 import pytest
+import trio
 from worker_fakes import passing_golden, post, running
 
 from sr.worker.options import WorkerOptions
@@ -194,3 +195,29 @@ async def test_unknown_route_and_wrong_method(worker):
     assert status == 405 and (b"allow", b"POST") in headers
     status, _, _ = await worker.handle("POST", "/admin/faults", b'{"mode":"fail"}')
     assert status == 404  # fault injection is off
+
+
+async def test_concurrent_requests_get_their_unbatched_answers(tiny_model_dir):
+    texts = [f"request number {i} " + "word " * i for i in range(8)]
+    async with running(options(tiny_model_dir), golden_check_fn=passing_golden) as service:
+        alone = [(await post(service, "/v1/embeddings", {"input": t}))[1] for t in texts]
+        service.engine.cache.__init__(
+            service.engine.cache.capacity
+        ) if service.engine.cache else None
+        before = service.engine.forwards
+        together: dict[int, dict] = {}
+
+        async def one(i):
+            together[i] = (await post(service, "/v1/embeddings", {"input": texts[i]}))[1]
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(texts)):
+                nursery.start_soon(one, i)
+        forwards = service.engine.forwards - before
+        card = service.card()
+    for i in range(len(texts)):
+        assert together[i]["data"] == alone[i]["data"]
+    if card["batching"]["cross_request"]:
+        assert forwards < len(texts), forwards  # rows of several requests shared forwards
+    else:
+        assert forwards == len(texts)
