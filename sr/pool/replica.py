@@ -52,6 +52,17 @@ def worker_argv(deployment: Deployment, device: str, threads: int, uds: str) -> 
     return [*argv, "--uds", uds]
 
 
+def worker_env() -> dict[str, str]:
+    """Our environment, with this `sr` importable by `python -m sr` from any directory
+    (an embedding program may run from a checkout that is not installed)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return env
+
+
 def incompatibility(deployment: Deployment, card: dict) -> str | None:
     """Why a worker's card does not match the deployment's engine caps, or None."""
     limits = card.get("limits") or {}
@@ -148,7 +159,7 @@ class ReplicaRunner:
         argv = worker_argv(self.deployment, device, self.threads, str(uds))
         self._set(S.STARTING, None)
         process = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+            argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=worker_env()
         )
         rec.pid = process.pid
         self._stderr_tail = b""
@@ -246,8 +257,10 @@ class ReplicaRunner:
                 answer = json.loads(body)
             except ValueError:
                 answer = {}
-            state = HEALTH_STATUS.get(str(answer.get("status")), S.UNREACHABLE)
-            return state, answer.get("reason") or f"/health answered {status}"
+            state = HEALTH_STATUS.get(str(answer.get("status")))
+            if state is None:
+                return S.UNREACHABLE, f"/health answered {status}: {body[:200]!r}"
+            return state, answer.get("reason")
         return S.UNREACHABLE, f"/health did not answer within {PROBE_TIMEOUT_S:g}s"
 
     async def _read_card(self, transport: Transport) -> dict | None:

@@ -1,0 +1,59 @@
+"""SIGHUP scales without restarting surviving workers; SIGINT leaves no worker behind."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from .router_process import RouterProcess, pid_alive, write_config
+
+pytestmark = pytest.mark.e2e
+
+
+def test_sighup_scales_2_to_3_then_sigint_stops_every_worker(tmp_path, tiny_model_dir):
+    router = RouterProcess(tmp_path)
+    write_config(router.config_path, tiny_model_dir, replicas=2)
+    router.start()
+    try:
+        before = {r["id"]: r["pid"] for r in router.replicas()}
+        assert len(before) == 2
+        write_config(router.config_path, tiny_model_dir, replicas=3)
+        router.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            replicas = router.replicas()
+            if len(replicas) == 3 and all(r["state"] == "ready" for r in replicas):
+                break
+            time.sleep(0.1)
+        after = {r["id"]: r["pid"] for r in router.replicas()}
+        assert len(after) == 3, router.logs()
+        assert {k: after[k] for k in before} == before  # same identities, same processes
+        assert all(pid_alive(pid) for pid in after.values())
+        assert "config reloaded (primary=3)" in (tmp_path / "stdout.txt").read_text()
+
+        router.signal(signal.SIGINT)
+        assert router.wait(30) == 0, router.logs()
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in after.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(pid_alive(p) for p in after.values())
+    finally:
+        router.stop()
+
+
+def test_startup_failure_is_one_line_exit_1(tmp_path):
+    router = RouterProcess(tmp_path, env={"VLLM_SRUN_RESULT_CACHE": "lots"})
+    write_config(router.config_path, tmp_path / "no-such-model", replicas=1)
+    command_started = time.monotonic()
+    try:
+        router.start(ready_timeout_s=20)
+    except AssertionError:
+        pass
+    assert router.wait(20) == 1
+    assert time.monotonic() - command_started < 20
+    err = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+    assert err[-1].startswith("sr serve: startup failed:")
+    assert "VLLM_SRUN_RESULT_CACHE" in err[-1]
+    router.stop()
