@@ -1,0 +1,190 @@
+"""Unit tests of the router's fault-injection route (sr.router.faults), no processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from sr.errors import InvalidRequest
+from sr.pool.transport import TransportError
+from sr.router.faults import (
+    FAULTS_PATH,
+    FaultRoute,
+    fault_injection_enabled,
+    parse_fault_request,
+)
+from tests.router.asgi_client import call
+
+
+class FakeTransport:
+    def __init__(self, answer=(200, {}, b'{"mode":"hang","slow_ms":0}'), error=None, hang=False):
+        self.answer = answer
+        self.error = error
+        self.hang = hang
+        self.calls: list[tuple[str, str, bytes]] = []
+
+    async def exchange(self, method, path, body=b""):
+        self.calls.append((method, path, body))
+        if self.hang:
+            await trio.sleep_forever()
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+class FakeRecord:
+    def __init__(self, pid):
+        self.pid = pid
+
+
+class FakeRunner:
+    def __init__(self, transport, pid):
+        self.transport = transport
+        self.record = FakeRecord(pid)
+
+
+class FakePool:
+    def __init__(self, runners):
+        self.runners = runners
+
+
+class FakeCore:
+    def __init__(self, *transports):
+        runners = {f"primary-{i:08x}": FakeRunner(t, 100 + i) for i, t in enumerate(transports)}
+        self.pools = {"primary": FakePool(runners)}
+
+
+def fault(**fields):
+    body = {"deployment": "primary", "replica": 1, "mode": "hang"}
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not None}
+
+
+async def post(route, body, method="POST"):
+    return await call(route, method, FAULTS_PATH, body)
+
+
+def test_enabled_only_by_exactly_one():
+    assert fault_injection_enabled({"SR_FAULT_INJECTION": "1"})
+    for value in ("0", "", "true", "yes"):
+        assert not fault_injection_enabled({"SR_FAULT_INJECTION": value})
+    assert not fault_injection_enabled({})
+
+
+async def test_disabled_route_is_a_plain_404_and_touches_no_worker():
+    transport = FakeTransport()
+    answer = await post(FaultRoute(FakeCore(transport), enabled=False), fault())
+    assert answer.status == 404
+    assert answer.json()["error"]["code"] == "not_found"
+    assert transport.calls == []
+
+
+async def test_forwards_mode_and_slow_ms_to_the_replica_by_index():
+    first = FakeTransport()
+    second = FakeTransport(answer=(200, {}, b'{"mode":"slow","slow_ms":50}'))
+    answer = await post(
+        FaultRoute(FakeCore(first, second), enabled=True), fault(mode="slow", slow_ms=50)
+    )
+    assert answer.status == 200, answer.body
+    assert answer.json() == {
+        "replica": "primary-00000001",
+        "pid": 101,
+        "fault": {"mode": "slow", "slow_ms": 50},
+    }
+    assert first.calls == []
+    assert second.calls == [("POST", "/admin/faults", b'{"mode": "slow", "slow_ms": 50}')]
+
+
+async def test_replica_by_id():
+    first, second = FakeTransport(), FakeTransport()
+    route = FaultRoute(FakeCore(first, second), enabled=True)
+    answer = await post(route, fault(replica="primary-00000000", mode="none"))
+    assert answer.status == 200
+    assert answer.json()["replica"] == "primary-00000000"
+    assert json.loads(first.calls[0][2]) == {"mode": "none", "slow_ms": 0}
+    assert second.calls == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "code"),
+    [
+        ({"deployment": "nope"}, 404, "model_not_found"),
+        ({"replica": 2}, 404, "replica_not_found"),
+        ({"replica": "primary-ffffffff"}, 404, "replica_not_found"),
+        ({"replica": -1}, 400, "invalid_request"),
+        ({"replica": True}, 400, "invalid_request"),
+        ({"replica": 1.5}, 400, "invalid_request"),
+        ({"mode": "explode"}, 400, "invalid_request"),
+        ({"slow_ms": -1}, 400, "invalid_request"),
+        ({"slow_ms": "10"}, 400, "invalid_request"),
+        ({"extra": 1}, 400, "invalid_request"),
+        ({"mode": None}, 400, "invalid_request"),
+    ],
+)
+async def test_bad_requests_are_named_4xx(fields, status, code):
+    transport = FakeTransport()
+    route = FaultRoute(FakeCore(transport, FakeTransport()), enabled=True)
+    answer = await post(route, fault(**fields))
+    assert answer.status == status, answer.body
+    assert answer.json()["error"]["code"] == code
+    assert transport.calls == []
+
+
+@pytest.mark.parametrize(
+    "raw", [b"", b"{", b"[]", b'"x"', b"\xff\xfe", b"[" * 100_000, b"{}" + b" " * 5000]
+)
+async def test_malformed_bodies_are_400_or_413(raw):
+    answer = await post(FaultRoute(FakeCore(FakeTransport()), enabled=True), raw)
+    assert answer.status in (400, 413)
+    assert answer.json()["error"]["code"] in ("invalid_request", "request_too_large")
+
+
+async def test_get_is_405():
+    answer = await post(FaultRoute(FakeCore(FakeTransport()), enabled=True), b"", method="GET")
+    assert answer.status == 405
+    assert answer.headers["allow"] == "POST"
+
+
+async def test_worker_without_fault_injection_is_503_not_a_confusing_404():
+    refusing = FakeTransport(answer=(404, {}, b'{"error":{"code":"not_found","message":"x"}}'))
+    answer = await post(FaultRoute(FakeCore(FakeTransport(), refusing), enabled=True), fault())
+    assert answer.status == 503
+    assert "SR_FAULT_INJECTION=1" in answer.json()["error"]["message"]
+
+
+async def test_worker_400_passes_as_400_with_its_message():
+    refused = b'{"error":{"code":"invalid_request","message":"m!"}}'
+    refusing = FakeTransport(answer=(400, {}, refused))
+    answer = await post(FaultRoute(FakeCore(FakeTransport(), refusing), enabled=True), fault())
+    assert answer.status == 400
+    assert "m!" in answer.json()["error"]["message"]
+
+
+async def test_transport_error_is_502():
+    broken = FakeTransport(error=TransportError("ConnectError"))
+    answer = await post(FaultRoute(FakeCore(FakeTransport(), broken), enabled=True), fault())
+    assert answer.status == 502
+    assert answer.json()["error"]["code"] == "worker_failed"
+
+
+async def test_replica_without_worker_is_503():
+    core = FakeCore(FakeTransport(), FakeTransport())
+    core.pools["primary"].runners["primary-00000001"].transport = None
+    answer = await post(FaultRoute(core, enabled=True), fault())
+    assert answer.status == 503
+    assert answer.json()["error"]["code"] == "unavailable"
+
+
+async def test_stopped_worker_times_out_bounded(autojump_clock):
+    core = FakeCore(FakeTransport(), FakeTransport(hang=True))
+    with trio.fail_after(10):
+        answer = await post(FaultRoute(core, enabled=True), fault())
+    assert answer.status == 504
+    assert answer.json()["error"]["code"] == "timeout"
+
+
+def test_parse_rejects_huge_nesting_without_recursion_error():
+    with pytest.raises(InvalidRequest):
+        parse_fault_request(b"[" * 200_000)
