@@ -86,3 +86,19 @@ async def test_in_process_replicas_serve_real_embeddings(tiny_model_dir, tmp_pat
         answer = await core.request("tiny", "/v1/embeddings", {"input": ["a", "b"]})
         assert [d["index"] for d in answer["data"]] == [0, 1]
         assert all(r["pid"] is None for r in rows(core))
+
+
+async def test_attached_replica_is_probed_never_started(tmp_path):
+    cfg = SrConfig()
+    cfg.deployments["remote"] = Deployment(
+        artifact="a", replicas=[Replica(endpoint="http://127.0.0.1:9", model="a")]
+    )
+    async with open_router(cfg, threads=1, run_dir=tmp_path / "run") as core:
+        with trio.fail_after(5):
+            while core.inventory()["deployments"]["remote"]["replicas"][0]["state"] != (
+                "unreachable"
+            ):
+                await trio.sleep(0.05)
+        row = core.inventory()["deployments"]["remote"]["replicas"][0]
+        assert row["pid"] is None and row["endpoint"] == "http://127.0.0.1:9"
+        assert row["device"] is None and row["reason"]
