@@ -147,10 +147,13 @@ class BertEncoder:
     def _scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
 
+    def calibrate(self) -> int:
+        """The BLAS short-matrix cut-off (rows) at the current thread count; cached."""
+        return min_consistent_rows(self.device, self.hidden_size, self.hidden_size)
+
     def _padded_rows(self, rows: int) -> int:
         """Zero rows to append so every product is past the BLAS short-matrix cut-off."""
-        cut_off = min_consistent_rows(self.device, self.hidden_size, self.hidden_size)
-        return max(0, cut_off - rows)
+        return max(0, self.calibrate() - rows)
 
     def hidden_states(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T] with per-row `lengths`."""

@@ -2,7 +2,8 @@
 
 A family turns (config, safetensors weights, device) into an object with
 `hidden_states(ids [T], lengths) -> [T, H]` over packed rows, `hidden_size`,
-`max_positions`, `vocab_size`, `has_head` and, with a head, `classify(first_states)`.
+`max_positions`, `vocab_size`, `calibrate()` (BLAS cut-off rows, see gemm_rows),
+`has_head` and, with a head, `classify(first_states)`.
 Adding a family (say RoBERTa) is one entry here.
 """
 

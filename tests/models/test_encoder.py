@@ -222,3 +222,21 @@ def test_unknown_family_and_unsupported_modules_are_refused(tmp_path):
     (folder / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(UnsupportedModel, match="Dense"):
         load_model(folder)
+
+
+def test_tokenize_names_the_bad_input(tiny):
+    with pytest.raises(ValueError, match="input 1 is not valid Unicode"):
+        tiny.tokenize(["fine", "\ud800 lone surrogate"])
+    with pytest.raises(ValueError, match="input 0 is not a string"):
+        tiny.tokenize([None, "x"])
+    assert tiny.tokenize([]) == []
+
+
+def test_calibrate_threads_reports_a_cut_off(tiny):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        cut_off = tiny.calibrate_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert 1 <= cut_off <= 64
