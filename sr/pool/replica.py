@@ -158,8 +158,14 @@ class ReplicaRunner:
         device = self.placement.device or "cpu"
         argv = worker_argv(self.deployment, device, self.threads, str(uds))
         self._set(S.STARTING, None)
+        # stdout is the worker's announcement channel for humans running it by hand; the
+        # pool learns everything it needs over the socket, and sr serve's stdout stays ours.
         process = await trio.lowlevel.open_process(
-            argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=worker_env()
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=worker_env(),
         )
         rec.pid = process.pid
         self._stderr_tail = b""
