@@ -129,9 +129,7 @@ class ThreadLearner:
         self.buckets: dict[int, BucketState] = {}
         self.stopped_reason: str | None = None
         if others == 0:
-            self.stopped_reason = (
-                f"nothing to learn: {configured} is the only allowed thread count"
-            )
+            self.stopped_reason = f"nothing to learn: {configured} is the only allowed thread count"
 
     # -- state -----------------------------------------------------------------------------
 
@@ -230,9 +228,7 @@ class ThreadLearner:
         if any(len(state.samples_ms.get(c, ())) < k for c in self.allowed):
             return []
         medians = self._medians(state)
-        state.learned = min(
-            self.allowed, key=lambda c: (medians[c], c != self.configured, c)
-        )
+        state.learned = min(self.allowed, key=lambda c: (medians[c], c != self.configured, c))
         if self.mode == 2 and state.learned != self.configured:
             state.window_left = self.settings.window
         fields = {
