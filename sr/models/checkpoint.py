@@ -87,8 +87,9 @@ def _module_chain(folder: Path) -> tuple[tuple[str, ...], bool]:
     return modes or ("mean",), normalize
 
 
-def _head_labels(config: dict, architectures: list) -> tuple[str, ...] | None:
-    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+def _head_labels(config: dict) -> tuple[str, ...] | None:
+    """Labels in output order from id2label, or None when config.json names none."""
+    if not config.get("id2label"):
         return None
     id2label = config.get("id2label") or {}
     try:
@@ -118,5 +119,5 @@ def read_layout(folder: Path) -> CheckpointLayout:
         pooling_modes=modes,
         normalize=normalize,
         max_seq_length=max_seq_length,
-        head_labels=_head_labels(config, list(config.get("architectures") or [])),
+        head_labels=_head_labels(config),
     )

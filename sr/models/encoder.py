@@ -49,7 +49,8 @@ class EncoderModel:
         self.normalize = layout.normalize
         self.head_labels: list[str] | None = None
         if backbone.has_head:
-            labels = list(layout.head_labels or [])
+            # Hugging Face's own naming when config.json lists no labels.
+            labels = list(layout.head_labels or (f"LABEL_{i}" for i in range(backbone.num_labels)))
             if len(labels) != backbone.num_labels:
                 raise UnsupportedModel(
                     f"classifier has {backbone.num_labels} outputs but config.json names "

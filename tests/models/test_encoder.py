@@ -257,3 +257,15 @@ def test_loading_and_embedding_never_import_transformers(tiny_model_dir):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_head_without_id2label_gets_hugging_face_default_names(tmp_path):
+    folder = write_tiny_bert(tmp_path / "m", with_head=True, labels=["a", "b"])
+    config = json.loads((folder / "config.json").read_text())
+    del config["id2label"], config["label2id"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_model(folder).head_labels == ["LABEL_0", "LABEL_1"]
+    config["id2label"] = {"0": "a", "1": "b", "2": "c"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel, match=r"2 outputs but config\.json names 3"):
+        load_model(folder)
