@@ -15,12 +15,20 @@ import attrs
 import trio
 
 from sr.config.schema import Deployment
-from sr.errors import DeadlineExceeded, Unavailable, WorkerFailed
+from sr.errors import DeadlineExceeded, Overloaded, Unavailable, WorkerFailed
 from sr.pool.outcome import Outcome, outcome_of_status
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.replica import ReplicaRunner
 from sr.pool.state import TERMINAL, ReplicaState
 from sr.pool.transport import TransportError
+
+
+class _NoAnswer(Exception):
+    """The worker gave no HTTP answer; carries the error the caller sees if no retry helps."""
+
+    def __init__(self, error: WorkerFailed) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @attrs.frozen
@@ -61,11 +69,28 @@ class DeploymentPool:
 
     # -- dispatch -------------------------------------------------------------------
     async def request_raw(self, path: str, body: bytes, timeout_s: float | None) -> Reply:
+        """Dispatch one request. A worker that gave no HTTP answer at all (it died, or its
+        connection broke) is retried once on another replica within the same deadline:
+        inference is idempotent, and the caller would otherwise see the crash."""
         now = trio.current_time()
         deadline = math.inf if timeout_s is None else now + timeout_s
         if self.config.timeout_ms is not None:
             deadline = min(deadline, now + self.config.timeout_ms / 1000)
-        res = self.policy.reserve(len(body), now)
+        try:
+            return await self._attempt(path, body, deadline)
+        except _NoAnswer as first:
+            if trio.current_time() >= deadline:
+                raise first.error from None
+            try:
+                return await self._attempt(path, body, deadline)
+            except _NoAnswer as second:
+                raise second.error from None
+            except (Unavailable, Overloaded):
+                # Nothing else could take it: the crash is the truer answer.
+                raise first.error from None
+
+    async def _attempt(self, path: str, body: bytes, deadline: float) -> Reply:
+        res = self.policy.reserve(len(body), trio.current_time())
         rec = res.record
         runner = self.runners.get(rec.id)
         transport = runner.transport if runner is not None else None
@@ -79,7 +104,9 @@ class DeploymentPool:
                     status, headers, payload = await transport.exchange("POST", path, body)
                 except TransportError as error:
                     outcome = Outcome.FAILED
-                    raise WorkerFailed(f"replica {rec.id} of {self.name!r}: {error}") from None
+                    raise _NoAnswer(
+                        WorkerFailed(f"replica {rec.id} of {self.name!r}: {error}")
+                    ) from None
                 outcome = outcome_of_status(status)
             if scope.cancelled_caught:
                 outcome = Outcome.TIMEOUT

@@ -15,6 +15,7 @@ from sr.events import RecordingSink
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import ReplicaState
+from sr.pool.transport import TransportError
 
 
 def make_policy(
@@ -42,7 +43,8 @@ class FakeWorker:
     """An in-process stand-in for WorkerService: same `run` / `handle` shape.
 
     `behaviour` (shared by every FakeWorker of a test) says how to answer: "ok", "hang",
-    "fail" (500), "bad" (400); `load_s` how long loading takes; `limits` the card's caps;
+    "fail" (500), "bad" (400), "die" / "die_first" (no HTTP answer, as when the
+    process dies mid-request); `load_s` how long loading takes; `limits` the card's caps;
     `health_failed` a reason to report `failed` on /health.
     """
 
@@ -76,6 +78,9 @@ class FakeWorker:
         mode = self.behaviour.get("mode", "ok")
         if mode == "hang" or (mode == "hang_first" and self is self.instances[0]):
             await trio.sleep_forever()
+        if mode == "die" or (mode == "die_first" and self is self.instances[0]):
+            self.died = getattr(self, "died", 0) + 1
+            raise TransportError("connection reset by peer")
         if mode == "fail":
             return 500, headers, b'{"error":{"code":"internal","message":"boom"}}'
         if mode == "bad":

@@ -252,3 +252,33 @@ def test_ready_timeout_default_and_env():
     assert ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "90s"}) == 90
     with pytest.raises(UsageError, match="VLLM_SRUN_READY_TIMEOUT"):
         ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "soon"})
+
+
+async def test_request_whose_worker_died_is_retried_once_on_another(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("d", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["mode"] = "die_first"
+        first, second = fake_worker.instances
+        replies = [await core.request_raw("d", "/v1/embeddings", b"{}") for _ in range(3)]
+        assert all(reply.status == 200 for reply in replies)
+        assert first.died == 1 and second.served == 3  # the dead one is backed off after
+        rows = core.inventory()["deployments"]["d"]["replicas"]
+        assert sorted(row["state"] for row in rows) == ["backoff", "ready"]
+
+
+async def test_retry_is_once_and_a_lone_dead_worker_is_worker_failed(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("one", configs.cpu(1)), ("two", configs.cpu(2)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["mode"] = "die"
+        with pytest.raises(WorkerFailed, match="connection reset"):
+            await core.request_raw("one", "/v1/embeddings", b"{}")
+        with pytest.raises(WorkerFailed, match="connection reset"):
+            await core.request_raw("two", "/v1/embeddings", b"{}")
+        deaths = sorted(getattr(w, "died", 0) for w in fake_worker.instances)
+        assert deaths == [1, 1, 1]  # "one" tried once, "two" once per replica, no more
