@@ -168,6 +168,9 @@ class WorkerService:
             self.probe = await device.run(
                 lambda: batch_invariance_probe(model, self.runner, limits.max_input_tokens)
             )
+            calibrate = getattr(model, "calibrate_threads", None)
+            if calibrate is not None:
+                await device.run(lambda: self.runner.at_each_count(calibrate))
         except Exception as error:
             self._set_state("failed", f"warm-up failed: {type(error).__name__}: {error}")
             return False

@@ -146,6 +146,18 @@ class ForwardRunner:
             with self._state_lock:
                 self._learner.unlock()
 
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        """Every count this runner may run a forward at."""
+        return tuple(self._learner.allowed) if self._learner is not None else (self.threads,)
+
+    def at_each_count(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` once, untimed, at every count this runner may use: per-count caches
+        (the model's BLAS cut-off) are filled before any timing, not in a timed shadow."""
+        for threads in self.thread_counts:
+            with self._context.use(threads):
+                fn()
+
     def run(self, forward: Callable[[], Any], padded_tokens: int) -> Any:
         learner = self._learner
         if learner is None:
