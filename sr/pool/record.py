@@ -86,6 +86,9 @@ class ReplicaRecord:
             "pid": self.pid,
             "reason": self.reason,
         }
+        adaptive = (self.card or {}).get("adaptive_threads")
+        if adaptive and adaptive.get("mode"):
+            row["adaptive_threads"] = adaptive
         if state is ReplicaState.EJECTED:
             row["ejected_for_ms"] = max(0, round((self.ejected_until - now) * 1000))
         return row

@@ -228,7 +228,7 @@ class ReplicaRunner:
                 if state is S.FAILED:
                     self._set(S.FAILED, reason)
                     return "failed"
-                if state is S.READY and not card_read:
+                if state is S.READY and (not card_read or _still_learning(rec.card)):
                     card = await self._read_card(transport)
                     card_read = card is not None
                     if card is not None:
@@ -311,6 +311,13 @@ class ReplicaRunner:
             ln for ln in self._stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()
         ]
         return lines[-1].strip()[:300] if lines else ""
+
+
+def _still_learning(card: dict | None) -> bool:
+    """Adaptive thread learning changes the card as it goes: keep the inventory's copy
+    fresh (at the slow probe cadence) until learning has settled."""
+    adaptive = (card or {}).get("adaptive_threads") or {}
+    return adaptive.get("status") in ("locked", "warming", "learning")
 
 
 async def stop_process(process: trio.Process, grace_s: float) -> None:

@@ -43,8 +43,9 @@ class FakeWorker:
     """An in-process stand-in for WorkerService: same `run` / `handle` shape.
 
     `behaviour` (shared by every FakeWorker of a test) says how to answer: "ok", "hang",
-    "fail" (500), "bad" (400), "die" / "die_first" (no HTTP answer, as when the
-    process dies mid-request); `load_s` how long loading takes; `limits` the card's caps;
+    "fail" (500), "bad" (400), "die" (no HTTP answer, as when the process dies
+    mid-request), "die_once" (only the first worker to get a request dies); `load_s` how
+    long loading takes; `limits` the card's caps; `adaptive` the card's adaptive_threads;
     `health_failed` a reason to report `failed` on /health.
     """
 
@@ -56,6 +57,7 @@ class FakeWorker:
         self.options = options
         self.state = "loading"
         self.served = 0
+        self.died = 0
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -74,12 +76,14 @@ class FakeWorker:
         if path == "/v1/models":
             limits = self.behaviour.get("limits", {"max_num_seqs": 64})
             card = {"id": self.options.artifact, "threads": self.options.threads, "limits": limits}
+            if "adaptive" in self.behaviour:
+                card["adaptive_threads"] = self.behaviour["adaptive"]
             return 200, headers, json.dumps({"object": "list", "data": [card]}).encode()
         mode = self.behaviour.get("mode", "ok")
         if mode == "hang" or (mode == "hang_first" and self is self.instances[0]):
             await trio.sleep_forever()
-        if mode == "die" or (mode == "die_first" and self is self.instances[0]):
-            self.died = getattr(self, "died", 0) + 1
+        if mode == "die" or (mode == "die_once" and not any(w.died for w in self.instances)):
+            self.died += 1
             raise TransportError("connection reset by peer")
         if mode == "fail":
             return 500, headers, b'{"error":{"code":"internal","message":"boom"}}'

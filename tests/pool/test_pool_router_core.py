@@ -260,11 +260,12 @@ async def test_request_whose_worker_died_is_retried_once_on_another(
     cfg = configs.config_with(("d", configs.cpu(2)))
     async with router(cfg, fake_worker, tmp_path) as core:
         await core.wait_ready(5)
-        fake_worker.behaviour["mode"] = "die_first"
-        first, second = fake_worker.instances
+        await trio.sleep(1)  # every replica ready, not just one
+        fake_worker.behaviour["mode"] = "die_once"
         replies = [await core.request_raw("d", "/v1/embeddings", b"{}") for _ in range(3)]
         assert all(reply.status == 200 for reply in replies)
-        assert first.died == 1 and second.served == 3  # the dead one is backed off after
+        dead, alive = sorted(fake_worker.instances, key=lambda w: -w.died)
+        assert (dead.died, dead.served, alive.served) == (1, 0, 3)  # backed off after dying
         rows = core.inventory()["deployments"]["d"]["replicas"]
         assert sorted(row["state"] for row in rows) == ["backoff", "ready"]
 
@@ -275,10 +276,31 @@ async def test_retry_is_once_and_a_lone_dead_worker_is_worker_failed(
     cfg = configs.config_with(("one", configs.cpu(1)), ("two", configs.cpu(2)))
     async with router(cfg, fake_worker, tmp_path) as core:
         await core.wait_ready(5)
+        await trio.sleep(1)  # every replica ready, not just one
         fake_worker.behaviour["mode"] = "die"
         with pytest.raises(WorkerFailed, match="connection reset"):
             await core.request_raw("one", "/v1/embeddings", b"{}")
         with pytest.raises(WorkerFailed, match="connection reset"):
             await core.request_raw("two", "/v1/embeddings", b"{}")
-        deaths = sorted(getattr(w, "died", 0) for w in fake_worker.instances)
+        deaths = sorted(w.died for w in fake_worker.instances)
         assert deaths == [1, 1, 1]  # "one" tried once, "two" once per replica, no more
+
+
+async def test_inventory_follows_adaptive_thread_learning_until_it_settles(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("d", configs.cpu(1)))
+    fake_worker.behaviour["adaptive"] = {"mode": 1, "status": "learning", "table": {}}
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert row["adaptive_threads"]["status"] == "learning"
+        learned = {"mode": 1, "status": "learned", "table": {"4": {"learned": 1}}}
+        fake_worker.behaviour["adaptive"] = learned
+        await trio.sleep(5)  # a few slow probes
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert row["adaptive_threads"] == learned
+        fake_worker.behaviour["adaptive"] = {"mode": 1, "status": "changed-after-settling"}
+        await trio.sleep(5)
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert row["adaptive_threads"] == learned  # settled: no more card reads
