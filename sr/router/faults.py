@@ -72,7 +72,7 @@ def parse_fault_request(raw: bytes) -> FaultRequest:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InvalidRequest("body: not valid UTF-8") from None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # bad JSON, a number over 4300 digits, deep nesting
         raise InvalidRequest("body: not valid JSON") from None
     if not isinstance(body, dict):
         raise InvalidRequest("body: expected a JSON object")

@@ -185,6 +185,9 @@ async def test_stopped_worker_times_out_bounded(autojump_clock):
     assert answer.json()["error"]["code"] == "timeout"
 
 
-def test_parse_rejects_huge_nesting_without_recursion_error():
+@pytest.mark.parametrize(
+    "raw", [b"[" * 200_000, b'{"deployment":"p","replica":' + b"9" * 5000 + b',"mode":"none"}']
+)
+def test_parse_rejects_deep_nesting_and_huge_numbers_as_invalid_request(raw):
     with pytest.raises(InvalidRequest):
-        parse_fault_request(b"[" * 200_000)
+        parse_fault_request(raw)
