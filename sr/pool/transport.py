@@ -1,7 +1,9 @@
 """How the pool talks to one worker: a small interface with two implementations.
 
-* `HttpTransport` — httpx over a Unix socket (managed workers) or a base URL (attached
-  workers), one keep-alive client per replica.
+* `HttpTransport` — HTTP/1.1 (sr.pool.http1: h11 over trio) over a Unix socket (managed
+  workers) or to a base URL (attached workers), one pool of kept-alive connections per
+  replica. `HttpxTransport` is the same over httpx, kept for benchmarks: docs/benchmarks.md
+  measures both on the router-to-worker hop.
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
 Deadlines are not the transport's business: the caller's cancel scope bounds the exchange.
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import httpx
+
+from sr.pool.http1 import Http1Error, Http1Pool
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -30,6 +34,42 @@ class Transport(Protocol):
 
 
 class HttpTransport:
+    """Managed workers (`uds`): sr.pool.http1. Attached workers (`base_url`, which may be
+    https): httpx, whose TLS support the small client does not have."""
+
+    def __init__(self, *, uds: str | None = None, base_url: str | None = None) -> None:
+        self._inner: Http1Transport | HttpxTransport
+        if uds is not None:
+            self._inner = Http1Transport(Http1Pool(uds=uds))
+        else:
+            self._inner = HttpxTransport(base_url=base_url)
+
+    async def exchange(
+        self, method: str, path: str, body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        return await self._inner.exchange(method, path, body)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class Http1Transport:
+    def __init__(self, pool: Http1Pool) -> None:
+        self.pool = pool
+
+    async def exchange(
+        self, method: str, path: str, body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        try:
+            return await self.pool.request(method, path, body)
+        except Http1Error as error:
+            raise TransportError(str(error)) from error
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+class HttpxTransport:
     def __init__(self, *, uds: str | None = None, base_url: str | None = None) -> None:
         transport = httpx.AsyncHTTPTransport(uds=uds, retries=0)
         self._client = httpx.AsyncClient(

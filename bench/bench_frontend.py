@@ -1,0 +1,126 @@
+"""Router front-end cost per request, in process: the ASGI app with a pool that answers at once.
+
+    python -m bench.bench_frontend [--requests 20000]
+
+No sockets and no hypercorn: this isolates what sr/router/app.py itself spends on a native
+request (header scan, body read, JSON parse and rewrite, metrics, the watch for a caller
+hanging up, the answer rewrite). Prints microseconds per request; writes
+bench/results/frontend.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import attrs
+import trio
+
+from bench.harness import write_result
+from sr.config.schema import Deployment, Replica, SrConfig
+from sr.router.app import RouterApp
+from sr.router.cache import ResultCache
+from sr.router.metrics import RouterMetrics
+
+ANSWER = json.dumps(
+    {
+        "object": "list",
+        "model": "/models/primary",
+        "data": [{"object": "embedding", "index": 0, "embedding": [0.25] * 384}],
+        "usage": {"prompt_tokens": 5, "total_tokens": 5},
+    }
+).encode()
+
+
+@attrs.define
+class _Reply:
+    status: int
+    headers: dict
+    body: bytes
+    replica_id: str
+
+
+class InstantCore:
+    """The RouterCore surface the app uses; request_raw answers without any I/O."""
+
+    def resolve(self, model: str) -> str:
+        return "primary"
+
+    async def request_raw(self, deployment, path, body, timeout_s=None):
+        await trio.lowlevel.checkpoint()
+        return _Reply(200, {}, ANSWER, "primary-0")
+
+    def inventory(self):
+        return {"deployments": {}}
+
+    def startup_status(self):
+        return {}
+
+    def is_ready(self):
+        return True
+
+
+def make_app() -> RouterApp:
+    config = SrConfig()
+    config.deployments["primary"] = Deployment(
+        artifact="/models/primary", replicas=[Replica(device="cpu")]
+    )
+    cache = ResultCache(0)  # off, as in the hop benchmarks: every request reaches the pool
+    core = InstantCore()
+    return RouterApp(core, config, metrics=RouterMetrics(core.inventory), cache=cache)
+
+
+async def per_request_us(app: RouterApp, requests: int) -> list[float]:
+    body = json.dumps({"model": "primary", "input": "hello there"}).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/embeddings",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"43")],
+    }
+    samples = []
+
+    for i in range(requests):
+        delivered = False
+
+        async def receive():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await trio.sleep_forever()
+
+        async def send(message):
+            return None
+
+        started = time.perf_counter()
+        await app(scope, receive, send)
+        if i >= 200:  # warm-up
+            samples.append((time.perf_counter() - started) * 1e6)
+    return samples
+
+
+def run(requests: int) -> dict:
+    samples = trio.run(per_request_us, make_app(), requests)
+    samples.sort()
+    return {
+        "requests": len(samples),
+        "median_us": round(statistics.median(samples), 2),
+        "p99_us": round(samples[int(len(samples) * 0.99)], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    args = parser.parse_args(argv)
+    result = {"benchmark": "router front end, in process", **run(args.requests)}
+    print(f"front end per request: median {result['median_us']} us, p99 {result['p99_us']} us")
+    write_result("frontend", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

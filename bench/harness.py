@@ -1,0 +1,213 @@
+"""Shared pieces of the benchmarks: result files, percentiles, tables, and `sr serve` runs.
+
+Every benchmark prints a table and writes one JSON file under bench/results/ (gitignored);
+`python -m bench` reads those files back to write docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def host_info() -> dict:
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def write_result(name: str, result: dict) -> Path:
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**result, "host": host_info()}, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
+    return out
+
+
+def read_result(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence (nan if empty)."""
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def latency_summary(latencies_s: list[float], wall_s: float, errors: int = 0) -> dict:
+    ordered = sorted(latencies_s)
+    ms = [v * 1000 for v in ordered]
+    return {
+        "requests": len(ordered),
+        "errors": errors,
+        "p50_ms": round(percentile(ms, 0.50), 3),
+        "p90_ms": round(percentile(ms, 0.90), 3),
+        "p99_ms": round(percentile(ms, 0.99), 3),
+        "throughput_rps": round(len(ordered) / wall_s, 1) if wall_s > 0 else 0.0,
+    }
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    cells = [[str(c) for c in header], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeProcess:
+    """`sr serve` with one deployment `primary` of `replicas` CPU workers, cache off."""
+
+    def __init__(self, artifact: str, workdir: Path, *, replicas: int = 1, threads: int = 1):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = workdir / f"config-{self.port}.yaml"
+        rows = ", ".join("{device: cpu}" for _ in range(replicas))
+        config.write_text(
+            "global:\n  model_catalog:\n    deployments:\n      primary:\n"
+            f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
+            f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_SRUN_RESULT_CACHE": "0"}
+        argv = [sys.executable, "-m", "sr", "serve", "--config", str(config)]
+        argv += ["--port", str(self.port), "--threads", str(threads)]
+        self.proc = subprocess.Popen(
+            argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.artifact = artifact
+        self.worker_sockets: list[str] = []
+        self.served_artifact = artifact
+
+    def wait_ready(self, timeout_s: float = 180.0) -> ServeProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"sr serve exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    self._find_workers()
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SystemExit(f"sr serve did not become ready in {timeout_s:.0f} s")
+
+    def _find_workers(self) -> None:
+        import httpx
+
+        inventory = httpx.get(self.url + "/api/v1/inventory/model-runtime", timeout=5).json()
+        deployment = inventory["deployments"]["primary"]
+        self.served_artifact = deployment["artifact"]
+        self.worker_sockets = []
+        for replica in deployment["replicas"]:
+            args = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")
+            self.worker_sockets.append(args[args.index(b"--uds") + 1].decode())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> ServeProcess:
+        return self.wait_ready()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def embedded_artifact() -> str:
+    from sr.models import EMBEDDED_DEFAULT
+
+    return EMBEDDED_DEFAULT
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class WorkerProcess:
+    """`sr worker` on a Unix socket in `workdir`, for benchmarks that skip the router."""
+
+    def __init__(self, artifact: str, workdir: Path, *, threads: int = 1):
+        self.socket = str(workdir / f"worker-{os.getpid()}-{id(self)}.sock")
+        argv = [sys.executable, "-m", "sr", "worker", "--artifact", artifact]
+        argv += ["--threads", str(threads), "--uds", self.socket]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    def wait_ready(self, timeout_s: float = 120.0) -> WorkerProcess:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        transport = httpx.HTTPTransport(uds=self.socket)
+        with httpx.Client(transport=transport, base_url="http://worker") as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise SystemExit(f"sr worker exited with {self.proc.returncode}")
+                try:
+                    if client.get("/health").status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        self.stop()
+        raise SystemExit(f"sr worker not ready in {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.wait_ready()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def tiny_artifact(workdir: Path) -> str:
+    from sr.models.testing import write_tiny_bert
+
+    return str(write_tiny_bert(workdir / "tiny", seed=0))

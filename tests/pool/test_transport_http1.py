@@ -1,0 +1,265 @@
+"""sr.pool.http1 and HttpTransport over it, against scripted servers on a Unix socket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+
+from sr.pool.http1 import Http1Error, Http1Pool
+from sr.pool.transport import HttpTransport, TransportError
+
+OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
+
+Handler = Callable[[trio.SocketStream, "Server"], Awaitable[None]]
+
+
+class Server:
+    """Accepts connections on a Unix socket and runs `handler` for each one."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def read_request(self, stream: trio.SocketStream) -> bytes | None:
+        """One whole request (head + content-length body); None on EOF."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return None
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+        self.requests.append(head + b"\r\n\r\n" + body)
+        return body
+
+    async def serve(self, path: str, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        await sock.bind(path)
+        sock.listen(16)
+        listener = trio.SocketListener(sock)
+        task_status.started()
+
+        async def one(stream: trio.SocketStream) -> None:
+            self.connections += 1
+            async with stream:
+                await self.handler(stream, self)
+
+        await trio.serve_listeners(one, [listener])
+
+
+@pytest.fixture
+async def serve(nursery, tmp_path):
+    async def start(handler: Handler) -> tuple[Server, str]:
+        path = str(tmp_path / "w.sock")
+        server = Server(handler)
+        await nursery.start(server.serve, path)
+        return server, path
+
+    return start
+
+
+async def keep_alive_ok(stream, server):
+    while await server.read_request(stream) is not None:
+        await stream.send_all(OK)
+
+
+async def test_reuses_one_connection_for_sequential_requests(serve):
+    server, path = await serve(keep_alive_ok)
+    pool = Http1Pool(uds=path)
+    for _ in range(3):
+        status, headers, body = await pool.request("POST", "/v1/embeddings", b'{"input":"x"}')
+        assert (status, json.loads(body)) == (200, {"ok": True})
+        assert headers["content-type"] == "application/json"
+    assert pool.connections_opened == 1 and server.connections == 1
+    assert server.requests[0].startswith(b"POST /v1/embeddings HTTP/1.1\r\n")
+    assert server.requests[0].endswith(b'\r\n\r\n{"input":"x"}')
+    await pool.aclose()
+
+
+async def test_concurrent_requests_open_separate_connections_then_reuse_them(serve):
+    async def slow_ok(stream, server):
+        while await server.read_request(stream) is not None:
+            await trio.sleep(0.05)
+            await stream.send_all(OK)
+
+    server, path = await serve(slow_ok)
+    pool = Http1Pool(uds=path)
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(pool.request, "GET", "/health")
+    assert pool.connections_opened == 3
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(pool.request, "GET", "/health")
+    assert pool.connections_opened == 3 and server.connections == 3
+    await pool.aclose()
+
+
+async def test_idle_connection_closed_by_worker_is_replaced_before_use(serve):
+    async def one_answer_then_close(stream, server):
+        if await server.read_request(stream) is not None:
+            await stream.send_all(OK)  # keep-alive answer, then the worker closes anyway
+
+    server, path = await serve(one_answer_then_close)
+    pool = Http1Pool(uds=path)
+    assert (await pool.request("GET", "/health"))[0] == 200
+    await trio.sleep(0.05)  # the close reaches the client while the connection is idle
+    assert (await pool.request("GET", "/health"))[0] == 200
+    assert pool.connections_opened == 2 and len(server.requests) == 2
+    await pool.aclose()
+
+
+async def test_write_failure_on_reused_connection_retries_once_on_a_fresh_one(serve, monkeypatch):
+    async def one_answer_then_close(stream, server):
+        if await server.read_request(stream) is not None:
+            await stream.send_all(OK)
+
+    server, path = await serve(one_answer_then_close)
+    pool = Http1Pool(uds=path)
+    await pool.request("GET", "/health")
+    await trio.sleep(0.05)
+    # Pretend the close raced the idle check: the write itself must fail and be retried.
+    stale = pool._idle[0]
+    monkeypatch.setattr(type(stale), "idle_and_usable", lambda self: True)
+    assert (await pool.request("POST", "/v1/embeddings", b"{}"))[0] == 200
+    assert pool.connections_opened == 2 and len(server.requests) == 2
+    await pool.aclose()
+
+
+async def test_no_retry_once_the_request_was_sent(serve):
+    async def read_then_close(stream, server):
+        await server.read_request(stream)  # the worker took the request and died
+
+    server, path = await serve(read_then_close)
+    transport = HttpTransport(uds=path)
+    with pytest.raises(TransportError, match="closed the connection"):
+        await transport.exchange("POST", "/v1/embeddings", b"{}")
+    assert len(server.requests) == 1 and server.connections == 1
+    await transport.aclose()
+
+
+async def test_missing_socket_is_a_transport_error(tmp_path):
+    transport = HttpTransport(uds=str(tmp_path / "absent.sock"))
+    with pytest.raises(TransportError, match="connect failed"):
+        await transport.exchange("GET", "/health")
+    await transport.aclose()
+
+
+async def test_reset_mid_answer_is_a_transport_error_and_the_connection_is_dropped(serve):
+    async def half_answer(stream, server):
+        await server.read_request(stream)
+        await stream.send_all(OK[:40])
+        stream.socket.close()
+
+    _, path = await serve(half_answer)
+    pool = Http1Pool(uds=path)
+    with pytest.raises(Http1Error):
+        await pool.request("GET", "/health")
+    assert pool._idle == []
+    await pool.aclose()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"garbage that is not http\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70000 + b"\r\n\r\n",
+    ],
+    ids=["not-http", "bad-content-length", "huge-head"],
+)
+async def test_malformed_answer_is_a_transport_error(serve, answer):
+    async def bad(stream, server):
+        await server.read_request(stream)
+        await stream.send_all(answer)
+        await trio.sleep(1)
+
+    _, path = await serve(bad)
+    pool = Http1Pool(uds=path)
+    with trio.fail_after(5), pytest.raises(Http1Error, match="malformed"):
+        await pool.request("GET", "/health")
+    assert pool._idle == []
+    await pool.aclose()
+
+
+async def test_oversized_answer_is_refused_and_costs_the_connection(serve):
+    big = b"x" * 5000
+
+    async def oversized(stream, server):
+        while await server.read_request(stream) is not None:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5000\r\n\r\n" + big)
+
+    _, path = await serve(oversized)
+    pool = Http1Pool(uds=path, max_response_bytes=1000)
+    with pytest.raises(Http1Error, match="exceeds 1000 bytes"):
+        await pool.request("GET", "/health")
+    assert pool._idle == []
+    await pool.aclose()
+
+
+async def test_cancel_mid_answer_closes_the_connection_instead_of_pooling_it(serve):
+    release = trio.Event()
+
+    async def stall_mid_body(stream, server):
+        while await server.read_request(stream) is not None:
+            if len(server.requests) == 1:
+                await stream.send_all(OK[:-4])  # head and part of the body, then stall
+                await release.wait()
+                return
+            await stream.send_all(OK)
+
+    server, path = await serve(stall_mid_body)
+    pool = Http1Pool(uds=path)
+    with trio.move_on_after(0.2) as scope:
+        await pool.request("GET", "/health")
+    assert scope.cancelled_caught
+    assert pool._idle == []  # the half-read connection was not kept
+    release.set()
+    assert (await pool.request("GET", "/health"))[0] == 200
+    assert pool.connections_opened == 2 and server.connections == 2
+    await pool.aclose()
+
+
+async def test_connection_close_answer_is_not_kept(serve):
+    async def close_header(stream, server):
+        await server.read_request(stream)
+        head = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\n"
+        await stream.send_all(head + b"{}")
+
+    _, path = await serve(close_header)
+    pool = Http1Pool(uds=path)
+    assert await pool.request("GET", "/health") == (
+        200,
+        {"connection": "close", "content-length": "2"},
+        b"{}",
+    )
+    assert pool._idle == []
+    await pool.aclose()
+
+
+async def test_closed_pool_refuses_requests(serve):
+    _, path = await serve(keep_alive_ok)
+    pool = Http1Pool(uds=path)
+    await pool.request("GET", "/health")
+    await pool.aclose()
+    assert pool._idle == []
+    with pytest.raises(Http1Error, match="closed"):
+        await pool.request("GET", "/health")
+
+
+def test_needs_exactly_one_address():
+    with pytest.raises(ValueError):
+        Http1Pool()
+    with pytest.raises(ValueError):
+        Http1Pool(uds="/x", host="127.0.0.1", port=1)
