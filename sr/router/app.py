@@ -96,6 +96,7 @@ class RouterApp:
         self.max_body_bytes = max_body_bytes
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
+        self._watch_nursery: trio.Nursery | None = None  # set while the lifespan runs
         self.apply_config(config)
         self._get_routes: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/health": self._health,
@@ -122,7 +123,18 @@ class RouterApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            await _lifespan(receive, send)
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """Serve the lifespan protocol while owning the nursery that disconnect watchers
+        run in: one long-lived nursery is cheaper than one per request."""
+        async with trio.open_nursery() as nursery:
+            self._watch_nursery = nursery
+            try:
+                await _lifespan(receive, send)
+            finally:
+                self._watch_nursery = None
+                nursery.cancel_scope.cancel()
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path = scope["path"]
@@ -208,7 +220,29 @@ class RouterApp:
     async def _dispatch(
         self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
     ) -> Reply | None:
-        """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`)."""
+        """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
+        None when it was.
+
+        The watcher task runs in the lifespan's nursery when there is one, so a request pays
+        for one task start and one cancel but not for opening and closing a nursery."""
+        nursery = self._watch_nursery
+        if nursery is None:
+            return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
+        request_scope = trio.CancelScope()
+        watch_scope = trio.CancelScope()
+        nursery.start_soon(_watch_disconnect, receive, request_scope, watch_scope)
+        reply = None
+        try:
+            with request_scope:
+                reply = await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+        finally:
+            watch_scope.cancel()
+        return None if request_scope.cancelled_caught else reply
+
+    async def _dispatch_own_nursery(
+        self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
+    ) -> Reply | None:
+        """The same without a lifespan (an ASGI server that does not run it, tests)."""
         reply = None
         failure: RequestError | None = None
         async with trio.open_nursery() as nursery:
@@ -272,6 +306,16 @@ class RouterApp:
             await send_error(send, error)
             return
         await send_json(send, 200, summary)
+
+
+async def _watch_disconnect(
+    receive: Receive, request_scope: trio.CancelScope, watch_scope: trio.CancelScope
+) -> None:
+    with watch_scope:
+        try:
+            await _cancel_on_disconnect(receive, request_scope)
+        except Exception:  # a broken receive must not take down the lifespan's nursery
+            _log.exception("router_disconnect_watch_failed")
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
