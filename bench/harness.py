@@ -211,3 +211,66 @@ def tiny_artifact(workdir: Path) -> str:
     from sr.models.testing import write_tiny_bert
 
     return str(write_tiny_bert(workdir / "tiny", seed=0))
+
+
+def http_client(target: str):
+    """A load-generator client: sr.pool.http1 (cheap per request, so the client takes less
+    of the shared CPUs than httpx would). `target` is a socket path or http://host:port."""
+    from sr.pool.http1 import Http1Pool
+
+    if target.startswith("http://"):
+        host, port = target.removeprefix("http://").rsplit(":", 1)
+        return Http1Pool(host=host, port=int(port), max_idle=256)
+    return Http1Pool(uds=target, max_idle=256)
+
+
+async def drive(
+    client,
+    model: str,
+    concurrency: int,
+    seconds: float,
+    *,
+    prefix: str = "bench",
+    pause_after_error_s: float = 0.005,
+) -> dict:
+    """Closed loop: `concurrency` callers each send POST /v1/embeddings (one unique short
+    input, so no cache answers) back to back for `seconds`. A caller turned away (503 when
+    every worker holds its 32 requests) pauses briefly, as a real client would, instead of
+    spinning on the router."""
+    import itertools
+
+    import trio
+
+    latencies: list[float] = []
+    errors = 0
+    counter = itertools.count()
+
+    async def caller() -> None:
+        nonlocal errors
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            text = f"{prefix} sentence number {next(counter)}"
+            body = json.dumps({"model": model, "input": text}).encode()
+            started = time.perf_counter()
+            status, _, _ = await client.request("POST", "/v1/embeddings", body)
+            if status == 200:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
+                await trio.sleep(pause_after_error_s)
+
+    wall = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(caller)
+    return latency_summary(latencies, time.perf_counter() - wall, errors) | {
+        "latencies_ms": sorted(round(v * 1000, 3) for v in latencies)
+    }
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Combine interleaved runs of one setup into one summary (latencies pooled)."""
+    latencies = sorted(v for r in runs for v in r["latencies_ms"])
+    wall = sum(r["requests"] / r["throughput_rps"] for r in runs if r["throughput_rps"])
+    summary = latency_summary([v / 1000 for v in latencies], wall, sum(r["errors"] for r in runs))
+    return summary
