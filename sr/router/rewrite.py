@@ -12,16 +12,12 @@ import re
 from typing import Any
 
 from sr.errors import InvalidRequest
+from sr.jsonbody import dump_json, parse_json_object
 
 
 def parse_native_body(raw: bytes) -> tuple[dict[str, Any], str]:
     """The JSON object body and its `model`; InvalidRequest naming what is wrong."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidRequest(f"request body is not valid JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
+    body = parse_json_object(raw)
     model = body.get("model")
     if model is None:
         raise InvalidRequest("model: field is required")
@@ -33,7 +29,7 @@ def parse_native_body(raw: bytes) -> tuple[dict[str, Any], str]:
 def forward_body(body: dict[str, Any], artifact: str) -> bytes:
     body = dict(body)
     body["model"] = artifact
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return dump_json(body)
 
 
 def answer_with_public_model(answer: bytes, artifact: str, public: str) -> bytes:

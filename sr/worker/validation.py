@@ -5,10 +5,10 @@ Size caps are 413 `request_too_large`; everything else malformed is 400 `invalid
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sr.errors import InvalidRequest, RequestTooLarge
+from sr.jsonbody import json_kind, parse_json_object
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_INPUTS = 2048
@@ -21,18 +21,7 @@ MAX_CRITERIA = 256
 def parse_object(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_BODY_BYTES:
         raise RequestTooLarge(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
-    try:
-        # Decode explicitly: json.loads(bytes) would also guess UTF-16/32.
-        value = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidRequest("body: not valid UTF-8") from None
-    except json.JSONDecodeError as error:
-        raise InvalidRequest(f"body: not valid JSON ({error.msg} at char {error.pos})") from None
-    except RecursionError:
-        raise InvalidRequest("body: JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"body: expected a JSON object, got {_kind(value)}")
-    return value
+    return parse_json_object(body)
 
 
 def check_fields(
@@ -51,13 +40,13 @@ def check_fields(
 def optional_model(obj: dict) -> str | None:
     model = obj.get("model")
     if model is not None and (not isinstance(model, str) or not model):
-        raise InvalidRequest(f"model: expected a non-empty string, got {_kind(model)}")
+        raise InvalidRequest(f"model: expected a non-empty string, got {json_kind(model)}")
     return model
 
 
 def text(value: Any, field: str) -> str:
     if not isinstance(value, str):
-        raise InvalidRequest(f"{field}: expected a string, got {_kind(value)}")
+        raise InvalidRequest(f"{field}: expected a string, got {json_kind(value)}")
     if not value.strip():
         raise InvalidRequest(f"{field}: must not be empty")
     if len(value) > MAX_INPUT_CHARS:
@@ -75,7 +64,9 @@ def inputs(value: Any) -> tuple[list[str], list[str]]:
     if isinstance(value, str):
         return [text(value, "input")], ["input"]
     if not isinstance(value, list):
-        raise InvalidRequest(f"input: expected a string or a list of strings, got {_kind(value)}")
+        raise InvalidRequest(
+            f"input: expected a string or a list of strings, got {json_kind(value)}"
+        )
     if not value:
         raise InvalidRequest("input: must not be an empty list")
     if len(value) > MAX_INPUTS:
@@ -88,7 +79,7 @@ def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
     """A non-empty {key: description} object with string keys and non-empty string values."""
     if not isinstance(value, dict):
         raise InvalidRequest(
-            f"{field}: expected an object of key -> description, got {_kind(value)}"
+            f"{field}: expected an object of key -> description, got {json_kind(value)}"
         )
     if not value:
         raise InvalidRequest(f"{field}: must not be empty")
@@ -98,17 +89,3 @@ def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
         if not key:
             raise InvalidRequest(f"{field}: keys must not be empty")
     return {key: text(description, f"{field}.{key}") for key, description in value.items()}
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

@@ -63,11 +63,14 @@ async def test_artifact_name_is_accepted_and_echoed():
         (b'{"input": "hi"}', "model"),
         (b'{"model": 7, "input": "hi"}', "model"),
         (b'{"model": "", "input": "hi"}', "model"),
-        (b"\xff\xfe", "not valid JSON"),
+        (b"\xff\xfe", "not valid UTF-8"),
+        (b'{"model": "primary", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested"),
+        (b'{"model": "primary", "n": ' + b"9" * 5000 + b"}", "digits"),
+        (b'{"model": "primary", "input": "\\ud800"}', "lone surrogate"),
     ],
 )
 async def test_bad_bodies_are_400_and_never_reach_a_worker(body, needle):
-    app, core = build()
+    app, core = build(max_body=64 * 1024)
     answer = await call(app, "POST", "/v1/decisions", body)
     assert answer.status == 400
     error = answer.json()["error"]
