@@ -110,11 +110,11 @@ def st_rounds(threads: int, rounds: int):
     return times, answers.tolist()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         sock = os.path.join(tmp, "run", "worker.sock")
         proc, ready_s = start_worker(sock, args.threads)

@@ -1,0 +1,386 @@
+"""docs/benchmarks.md and docs/img/*.png from bench/results/*.json (plus bench/narrative.md,
+the hand-written profile notes, predictions and results, included verbatim)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from bench.harness import ROOT, read_result
+
+DOC = ROOT / "docs" / "benchmarks.md"
+IMG = ROOT / "docs" / "img"
+NARRATIVE = ROOT / "bench" / "narrative.md"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def targets(results: dict[str, dict | None]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    router = results.get("router")
+    c1 = next((r for r in router["rows"] if r["concurrency"] == 1), None) if router else None
+    if c1:
+        p50, p99 = c1["p50_overhead_ms"], c1["p99_overhead_ms"]
+        rows.append(
+            [
+                "router overhead p50, concurrency 1",
+                "<= 0.6 ms",
+                f"{p50:.3f} ms",
+                _verdict(p50 <= 0.6),
+            ]
+        )
+        rows.append(
+            ["router overhead p99, concurrency 1", "<= 2 ms", f"{p99:.3f} ms", _verdict(p99 <= 2.0)]
+        )
+    scaling = results.get("scaling")
+    c64 = next((r for r in scaling["rows"] if r["concurrency"] == 64), None) if scaling else None
+    if c64:
+        rows.append(
+            [
+                "2 replicas vs 1 at concurrency 64 (MiniLM, 1 thread each)",
+                ">= 1.7x",
+                f"{c64['ratio']:.2f}x",
+                _verdict(c64["ratio"] >= 1.7),
+            ]
+        )
+    serve_st = results.get("serve_st")
+    if serve_st:
+        b, s = serve_st["batch32"], serve_st["single"]
+        rows.append(
+            [
+                "32 concurrent via sr serve vs ST encode(batch_size=32)",
+                ">= 0.8x",
+                f"{b['ratio']:.2f}x",
+                _verdict(b["ratio"] >= 0.8),
+            ]
+        )
+        rows.append(
+            [
+                "single request via sr serve vs ST encode, latency",
+                "<= 1.0x",
+                f"{s['ratio']:.2f}x",
+                _verdict(s["ratio"] <= 1.0),
+            ]
+        )
+    dispatch = results.get("dispatch")
+    if dispatch:
+        case = next(c for c in dispatch["cases"] if c["replicas"] == 64 and not c["in_backoff"])
+        rows.append(
+            [
+                "dispatch decision, 64 replicas (median; p99)",
+                "< 20 us",
+                f"{case['median_us']:.2f} us; {case['p99_us']:.2f} us",
+                _verdict(case["p99_us"] < 20),
+            ]
+        )
+    return rows
+
+
+def _plots(results: dict[str, dict | None]) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    made: dict[str, str] = {}
+    router = results.get("router")
+    if router:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        labels, width = ["p50", "p90", "p99"], 0.13
+        for i, row in enumerate(router["rows"]):
+            for j, path in enumerate(("router", "direct")):
+                values = [row[path][f"{q}_ms"] for q in labels]
+                xs = [k + (i * 2 + j - 2.5) * width for k in range(len(labels))]
+                ax.bar(xs, values, width, label=f"{path}, concurrency {row['concurrency']}")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_yscale("log")
+        ax.set_ylabel("latency, ms (log)")
+        ax.set_title("through sr serve vs straight to the worker (tiny BERT)")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(IMG / "router_latency.png", dpi=110)
+        plt.close(fig)
+        made["router"] = "img/router_latency.png"
+    scaling = results.get("scaling")
+    if scaling:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        levels = [r["concurrency"] for r in scaling["rows"]]
+        for n in sorted(scaling["rows"][0]["by_replicas"]):
+            tput = [r["by_replicas"][n]["throughput_rps"] for r in scaling["rows"]]
+            ax.plot(levels, tput, marker="o", label=f"{n} replica(s), 1 thread each")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent callers")
+        ax.set_ylabel("answers / s")
+        ax.set_title("throughput against replicas and concurrency (MiniLM)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(IMG / "scaling.png", dpi=110)
+        plt.close(fig)
+        made["scaling"] = "img/scaling.png"
+    threads = results.get("threads")
+    if threads:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for name, per_bucket in threads["median_served_ms"].items():
+            buckets = sorted(per_bucket, key=int)
+            ax.plot(
+                [2 ** int(b) for b in buckets],
+                [per_bucket[b] for b in buckets],
+                marker="o",
+                label=name,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("padded tokens in the batch (bucket start)")
+        ax.set_ylabel("median served latency, ms (log)")
+        ax.set_title("thread scaling (MiniLM, ForwardRunner)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(IMG / "threads.png", dpi=110)
+        plt.close(fig)
+        made["threads"] = "img/threads.png"
+    return made
+
+
+def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    router = results.get("router")
+    if router:
+        rows = []
+        for r in router["rows"]:
+            for path in ("router", "direct"):
+                s = r[path]
+                rows.append(
+                    [
+                        r["concurrency"],
+                        path,
+                        s["p50_ms"],
+                        s["p90_ms"],
+                        s["p99_ms"],
+                        s["throughput_rps"],
+                        s["errors"],
+                    ]
+                )
+            rows.append(
+                [
+                    r["concurrency"],
+                    "**overhead**",
+                    r["p50_overhead_ms"],
+                    "",
+                    r["p99_overhead_ms"],
+                    f"router CPU {r['router_cpu_us_per_request']} us/request",
+                    "",
+                ]
+            )
+        out.append(
+            "## Router hop (`bench_router`)\n\n`sr serve` with one tiny-BERT worker, result "
+            "cache off, unique inputs; router (loopback TCP) and direct (worker's Unix "
+            f"socket) alternate in {router['rounds']} rounds of {router['seconds_per_round']}"
+            " s per concurrency. `errors` are 503 `overloaded` answers (one worker holds "
+            "32 requests).\n\n"
+            + _table(["concurrency", "path", "p50 ms", "p90 ms", "p99 ms", "req/s", "errors"], rows)
+        )
+        if "router" in plots:
+            out.append(f"![latency percentiles]({plots['router']})\n")
+    transport = results.get("transport")
+    if transport:
+        rows = [
+            [
+                name,
+                c["p50_ms"],
+                c["p90_ms"],
+                c["p99_ms"],
+                c["throughput_rps"],
+                c["client_cpu_us_per_request"],
+            ]
+            for name, c in transport["clients"].items()
+        ]
+        out.append(
+            "## Router-to-worker client (`bench_transport`)\n\nOne tiny-BERT worker, "
+            "concurrency 1, the two clients alternate rounds.\n\n"
+            + _table(
+                ["client", "p50 ms", "p90 ms", "p99 ms", "req/s", "client CPU us/request"], rows
+            )
+        )
+    frontend = results.get("frontend")
+    if frontend:
+        rows = [[m, v["median_us"], v["p99_us"]] for m, v in frontend["modes"].items()]
+        out.append(
+            "## Front end in process (`bench_frontend`)\n\n`RouterApp` with a pool that "
+            "answers at once: the app's own cost per native request.\n\n"
+            + _table(["mode", "median us", "p99 us"], rows)
+        )
+    scaling = results.get("scaling")
+    if scaling:
+        rows = []
+        for r in scaling["rows"]:
+            for n, m in r["by_replicas"].items():
+                rows.append(
+                    [
+                        r["concurrency"],
+                        n,
+                        m["throughput_rps"],
+                        m["p50_ms"],
+                        m["p99_ms"],
+                        m["errors"],
+                    ]
+                )
+            rows.append([r["concurrency"], "2 vs 1", f"{r['ratio']:.2f}x", "", "", ""])
+        out.append(
+            "## Scaling (`bench_scaling`)\n\nTwo `sr serve` side by side (1 and 2 MiniLM "
+            "workers, 1 thread each), alternating rounds. `turned away` = 503 answers "
+            "(the caller pauses 5 ms and retries).\n\n"
+            + _table(
+                ["concurrency", "replicas", "answers/s", "p50 ms", "p99 ms", "turned away"], rows
+            )
+        )
+        if "scaling" in plots:
+            out.append(f"![throughput against replicas and concurrency]({plots['scaling']})\n")
+    serve_st = results.get("serve_st")
+    if serve_st:
+        b, s = serve_st["batch32"], serve_st["single"]
+        rows = [
+            [
+                "32 concurrent requests: answers/s",
+                b["sr"]["requests_per_s"],
+                b["st"]["requests_per_s"],
+                f"{b['ratio']:.2f}x",
+            ],
+            [
+                "32 concurrent requests: median round ms",
+                b["sr"]["median_ms"],
+                b["st"]["median_ms"],
+                "",
+            ],
+            [
+                "single request: median ms",
+                s["sr"]["median_ms"],
+                s["st"]["median_ms"],
+                f"{s['ratio']:.2f}x",
+            ],
+            ["single request: p90 ms", s["sr"]["p90_ms"], s["st"]["p90_ms"], ""],
+        ]
+        out.append(
+            f"## sr serve vs sentence-transformers (`bench_serve_st`)\n\nMiniLM, "
+            f"{serve_st['threads']} torch thread(s) on both sides, interleaved round by "
+            "round.\n\n" + _table(["measure", "sr serve", "sentence-transformers", "ratio"], rows)
+        )
+    engine = results.get("engine")
+    if engine:
+        rows = [
+            ["max abs diff, 200 texts", f"{engine['max_abs_diff']:.2e}", "", ""],
+            [
+                "single short input, ms",
+                engine["single_ms"]["sr"],
+                engine["single_ms"]["sentence_transformers"],
+                f"{engine['single_ms']['ratio']:.2f}x",
+            ],
+            [
+                "batch of 32 short, ms",
+                engine["batch32_ms"]["sr"],
+                engine["batch32_ms"]["sentence_transformers"],
+                f"{engine['batch32_ms']['ratio']:.2f}x",
+            ],
+        ]
+        out.append(
+            "## Encoder in process (`bench_engine`)\n\nsr's encoder vs "
+            "sentence-transformers, one thread, alternating calls.\n\n"
+            + _table(["measure", "sr", "sentence-transformers", "ratio"], rows)
+        )
+    threads = results.get("threads")
+    if threads:
+        medians = threads["median_served_ms"]
+        names = list(medians)
+        buckets = sorted(next(iter(medians.values())), key=int)
+        rows = [[f"2^{b}.."] + [medians[n][b] for n in names] for b in buckets]
+        out.append(
+            "## Thread scaling (`bench_threads`)\n\nMedian served latency (ms) per "
+            "padded-token bucket.\n\n" + _table(["bucket", *names], rows)
+        )
+        if "threads" in plots:
+            out.append(f"![thread scaling]({plots['threads']})\n")
+    worker = results.get("worker_http")
+    if worker:
+        rows = [
+            [
+                "sr worker, 32 concurrent HTTP requests (UDS)",
+                worker["sr_worker_http"]["median_round_ms"],
+                worker["sr_worker_http"]["requests_per_s"],
+            ],
+            [
+                "sentence-transformers encode(batch_size=32)",
+                worker["sentence_transformers_encode"]["median_round_ms"],
+                worker["sentence_transformers_encode"]["requests_per_s"],
+            ],
+        ]
+        out.append(
+            f"## Worker HTTP (`bench_worker_http`)\n\nStart to ready "
+            f"{worker['worker_start_to_ready_s']} s, RSS {worker['worker_rss_mib']} MiB.\n\n"
+            + _table(["path", "median round ms", "req/s"], rows)
+        )
+    dispatch = results.get("dispatch")
+    if dispatch:
+        rows = [
+            [c["replicas"], c["in_backoff"], c["median_us"], c["p99_us"], c["max_us"]]
+            for c in dispatch["cases"]
+        ]
+        out.append(
+            "## Dispatch decision (`bench_dispatch`)\n\n`DeploymentPolicy.reserve`, "
+            "pure.\n\n" + _table(["replicas", "in backoff", "median us", "p99 us", "max us"], rows)
+        )
+    return out
+
+
+NAMES = (
+    "router",
+    "transport",
+    "frontend",
+    "scaling",
+    "serve_st",
+    "engine",
+    "threads",
+    "worker_http",
+    "dispatch",
+)
+
+
+def write_report(*, quick: bool = False) -> Path:
+    results = {name: read_result(name) for name in NAMES}
+    plots = _plots(results)
+    loads = sorted(
+        {
+            str(r["host"]["load_average_1m"])
+            for r in results.values()
+            if r and "host" in r and isinstance(r["host"], dict) and "load_average_1m" in r["host"]
+        }
+    )
+    today = datetime.date.today().isoformat()
+    parts = [
+        "# Benchmarks\n",
+        f"Generated by `python -m bench{' --quick' if quick else ''}` on {today} from "
+        "`bench/results/*.json`; the prose sections come from `bench/narrative.md`. Host: "
+        "2 CPUs shared with other work (1-minute load averages seen during the runs: "
+        f"{', '.join(loads) or 'n/a'}), so compare ratios measured in one run, not absolute "
+        "numbers across runs.\n",
+        "## Targets\n\n" + _table(["target", "goal", "measured", "verdict"], targets(results)),
+        *_sections(results, plots),
+    ]
+    if NARRATIVE.exists():
+        parts.append(NARRATIVE.read_text())
+    DOC.write_text("\n".join(parts))
+    return DOC
