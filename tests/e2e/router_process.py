@@ -88,7 +88,8 @@ class RouterProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"sr serve exited {self.proc.returncode}: {self.logs()}")
             try:
-                if self.client.get("/ready").status_code == 200:
+                # /ready means one ready replica per deployment; tests want them all.
+                if self.client.get("/ready").status_code == 200 and self.all_ready():
                     return self
             except httpx.TransportError:
                 pass
@@ -102,6 +103,10 @@ class RouterProcess:
 
     def inventory(self, headers: dict[str, str] | None = None) -> dict[str, Any]:
         return self.client.get("/api/v1/inventory/model-runtime", headers=headers).json()
+
+    def all_ready(self) -> bool:
+        deployments = self.inventory()["deployments"].values()
+        return all(d["ready_replicas"] == d["desired_replicas"] for d in deployments)
 
     def replicas(self) -> list[dict[str, Any]]:
         return self.inventory()["deployments"]["primary"]["replicas"]
