@@ -142,6 +142,7 @@ def run(requests: int) -> dict:
                 samples[name] += trio.run(runner, make_app(), block)
     return {name: summarize(values) for name, values in samples.items()}
 
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=20000)

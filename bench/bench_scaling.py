@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 
 import trio
@@ -37,11 +38,20 @@ async def compare(servers: dict[int, ServeProcess], levels, seconds, rounds) -> 
     rows = []
     for concurrency in levels:
         runs: dict[int, list[dict]] = {n: [] for n in servers}
+        cpu = {n: {"router": 0.0, "workers": 0.0, "load generator": 0.0} for n in servers}
         for r in range(rounds):
             order = sorted(servers) if r % 2 == 0 else sorted(servers, reverse=True)
             for n in order:
+                before, mine = servers[n].cpu_seconds(), time.process_time()
                 runs[n].append(await drive(clients[n], "primary", concurrency, seconds))
+                after = servers[n].cpu_seconds()
+                cpu[n]["load generator"] += time.process_time() - mine
+                for key in before:
+                    cpu[n][key] += after[key] - before[key]
         merged = {n: merge_runs(v) for n, v in runs.items()}
+        for n, m in merged.items():  # where the CPU goes, per answer
+            answers = max(1, m["requests"])
+            m["cpu_us_per_answer"] = {k: round(v / answers * 1e6) for k, v in cpu[n].items()}
         one, two = merged[min(servers)], merged[max(servers)]
         ratio = two["throughput_rps"] / one["throughput_rps"] if one["throughput_rps"] else 0
         rows.append(
@@ -75,11 +85,17 @@ def main(argv: list[str] | None = None) -> dict:
     table = []
     for row in rows:
         for n, m in row["by_replicas"].items():
+            c = m["cpu_us_per_answer"]
             table.append(
-                (row["concurrency"], n, m["throughput_rps"], m["p50_ms"], m["p99_ms"], m["errors"])
-            )
-        table.append(("", "2 vs 1", f"x{row['ratio']:.2f}", "", "", ""))
-    print_table(("conc", "replicas", "req/s", "p50 ms", "p99 ms", "turned away"), table)
+                (row["concurrency"], n, m["throughput_rps"], m["p50_ms"], m["p99_ms"],
+                 m["errors"], c["router"], c["workers"], c["load generator"])
+            )  # fmt: skip
+        table.append(("", "2 vs 1", f"x{row['ratio']:.2f}", "", "", "", "", "", ""))
+    print_table(
+        ("conc", "replicas", "req/s", "p50 ms", "p99 ms", "turned away", "router CPU us/ans",
+         "workers CPU us/ans", "loadgen CPU us/ans"),
+        table,
+    )  # fmt: skip
     result = {
         "benchmark": "scaling",
         "artifact": artifact,

@@ -29,10 +29,16 @@ RESULTS = Path(__file__).resolve().parent / "results" / "threads.json"
 
 SHORT = ["hello there", "is this spam?", "route me to billing", "thanks a lot"]
 LONG = [
-    ("The quarterly report shows revenue growth in every region, with the largest gains in "
-     "the cloud segment, while operating costs rose more slowly than expected. ") * 3,
-    ("When several CPU models are busy at the same time, fewer threads per worker can reduce "
-     "contention, while longer inputs on dedicated cores may prefer more threads. ") * 3,
+    (
+        "The quarterly report shows revenue growth in every region, with the largest gains in "
+        "the cloud segment, while operating costs rose more slowly than expected. "
+    )
+    * 3,
+    (
+        "When several CPU models are busy at the same time, fewer threads per worker can reduce "
+        "contention, while longer inputs on dedicated cores may prefer more threads. "
+    )
+    * 3,
 ]
 
 
@@ -107,16 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     print(f"host: {platform.machine()}, {budget} CPUs in affinity, torch {torch.__version__}")
-    print(f"workload: {len(batches)} batches x {args.rounds} rounds per setup; "
-          f"1-min load average {load_before:.2f} before, {load_after:.2f} after\n")
+    print(
+        f"workload: {len(batches)} batches x {args.rounds} rounds per setup; "
+        f"1-min load average {load_before:.2f} before, {load_after:.2f} after\n"
+    )
     header = f"{'bucket (padded tokens)':<24}" + "".join(f"{n:>34}" for n in runners)
     print("median served latency, ms")
     print(header)
     for b in buckets:
         cells = "".join(f"{medians[n][str(b)]:>34.2f}" for n in runners)
         print(f"{bucket_label(b):<24}{cells}")
-    print(f"\nlearning: status={learned['status']} shadows={learned['shadows']}"
-          f" suggested_threads={learned['suggested_threads']}")
+    print(
+        f"\nlearning: status={learned['status']} shadows={learned['shadows']}"
+        f" suggested_threads={learned['suggested_threads']}"
+    )
     if learned["reason"]:
         print(f"  reason: {learned['reason']}")
     print(f"{'bucket':<12}{'learned':>8}  median_ms by count (samples)")
@@ -129,17 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fixed 1 == fixed 2 on every batch, bit for bit: {cross_count_same}")
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "host": {"machine": platform.machine(), "cpus": budget, "torch": torch.__version__},
-        "model": EMBEDDED_DEFAULT,
-        "rounds": args.rounds,
-        "load_average_1m": {"before": load_before, "after": load_after},
-        "batches_per_round": len(batches),
-        "median_served_ms": medians,
-        "learning_report": learned,
-        "served_same_as_fixed_1": served_same,
-        "fixed_1_equals_fixed_2": cross_count_same,
-    }, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "host": {"machine": platform.machine(), "cpus": budget, "torch": torch.__version__},
+                "model": EMBEDDED_DEFAULT,
+                "rounds": args.rounds,
+                "load_average_1m": {"before": load_before, "after": load_after},
+                "batches_per_round": len(batches),
+                "median_served_ms": medians,
+                "learning_report": learned,
+                "served_same_as_fixed_1": served_same,
+                "fixed_1_equals_fixed_2": cross_count_same,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
     return 0
 

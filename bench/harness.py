@@ -6,6 +6,7 @@ Every benchmark prints a table and writes one JSON file under bench/results/ (gi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -18,6 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every input a benchmark sends is unique within and across runs, so neither the router's
+# nor the worker's result cache ever answers.
+_RUN_ID = f"{os.getpid()}-{time.time_ns()}"
+_UNIQUE = itertools.count()
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -103,7 +108,15 @@ class ServeProcess:
         )
         self.artifact = artifact
         self.worker_sockets: list[str] = []
+        self.worker_pids: list[int] = []
         self.served_artifact = artifact
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far of the router process and of all its workers together."""
+        return {
+            "router": cpu_seconds(self.proc.pid),
+            "workers": sum(cpu_seconds(pid) for pid in self.worker_pids),
+        }
 
     def wait_ready(self, timeout_s: float = 180.0) -> ServeProcess:
         import httpx
@@ -129,6 +142,7 @@ class ServeProcess:
         deployment = inventory["deployments"]["primary"]
         self.served_artifact = deployment["artifact"]
         self.worker_sockets = []
+        self.worker_pids = [replica["pid"] for replica in deployment["replicas"]]
         for replica in deployment["replicas"]:
             args = Path(f"/proc/{replica['pid']}/cmdline").read_bytes().split(b"\0")
             self.worker_sockets.append(args[args.index(b"--uds") + 1].decode())
@@ -237,19 +251,17 @@ async def drive(
     input, so no cache answers) back to back for `seconds`. A caller turned away (503 when
     every worker holds its 32 requests) pauses briefly, as a real client would, instead of
     spinning on the router."""
-    import itertools
-
     import trio
 
     latencies: list[float] = []
     errors = 0
-    counter = itertools.count()
+    counter = _UNIQUE
 
     async def caller() -> None:
         nonlocal errors
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            text = f"{prefix} sentence number {next(counter)}"
+            text = f"{prefix} sentence number {_RUN_ID}.{next(counter)}"
             body = json.dumps({"model": model, "input": text}).encode()
             started = time.perf_counter()
             status, _, _ = await client.request("POST", "/v1/embeddings", body)

@@ -90,6 +90,13 @@ def targets(results: dict[str, dict | None]) -> list[list[object]]:
     return rows
 
 
+def _cpu_cells(summary: dict) -> list[object]:
+    cpu = summary.get("cpu_us_per_answer")
+    if not cpu:
+        return ["", "", ""]
+    return [cpu["router"], cpu["workers"], cpu["load generator"]]
+
+
 def _plots(results: dict[str, dict | None]) -> dict[str, str]:
     import matplotlib
 
@@ -238,15 +245,27 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
                         m["p50_ms"],
                         m["p99_ms"],
                         m["errors"],
+                        *_cpu_cells(m),
                     ]
                 )
-            rows.append([r["concurrency"], "2 vs 1", f"{r['ratio']:.2f}x", "", "", ""])
+            rows.append([r["concurrency"], "2 vs 1", f"{r['ratio']:.2f}x", "", "", "", "", "", ""])
         out.append(
             "## Scaling (`bench_scaling`)\n\nTwo `sr serve` side by side (1 and 2 MiniLM "
             "workers, 1 thread each), alternating rounds. `turned away` = 503 answers "
             "(the caller pauses 5 ms and retries).\n\n"
             + _table(
-                ["concurrency", "replicas", "answers/s", "p50 ms", "p99 ms", "turned away"], rows
+                [
+                    "concurrency",
+                    "replicas",
+                    "answers/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "turned away",
+                    "router CPU us/answer",
+                    "workers CPU us/answer",
+                    "load generator CPU us/answer",
+                ],
+                rows,
             )
         )
         if "scaling" in plots:
