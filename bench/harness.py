@@ -26,6 +26,12 @@ _UNIQUE = itertools.count()
 RESULTS = ROOT / "bench" / "results"
 
 
+def _pythonpath() -> str:
+    """This checkout first, then whatever PYTHONPATH the caller set."""
+    extra = os.environ.get("PYTHONPATH")
+    return f"{ROOT}{os.pathsep}{extra}" if extra else str(ROOT)
+
+
 def host_info() -> dict:
     return {
         "python": platform.python_version(),
@@ -100,7 +106,7 @@ class ServeProcess:
             f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
             f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
         )
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_SRUN_RESULT_CACHE": "0"}
+        env = {**os.environ, "PYTHONPATH": _pythonpath(), "VLLM_SRUN_RESULT_CACHE": "0"}
         argv = [sys.executable, "-m", "sr", "serve", "--config", str(config)]
         argv += ["--port", str(self.port), "--threads", str(threads)]
         self.proc = subprocess.Popen(
@@ -182,7 +188,7 @@ class WorkerProcess:
         self.socket = str(workdir / f"worker-{os.getpid()}-{id(self)}.sock")
         argv = [sys.executable, "-m", "sr", "worker", "--artifact", artifact]
         argv += ["--threads", str(threads), "--uds", self.socket]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": _pythonpath()}
         self.proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -227,6 +233,11 @@ def tiny_artifact(workdir: Path) -> str:
     return str(write_tiny_bert(workdir / "tiny", seed=0))
 
 
+def unique_text(prefix: str = "bench") -> str:
+    """A short input never sent before (no result cache can answer it)."""
+    return f"{prefix} sentence number {_RUN_ID}.{next(_UNIQUE)}"
+
+
 def http_client(target: str):
     """A load-generator client: sr.pool.http1 (cheap per request, so the client takes less
     of the shared CPUs than httpx would). `target` is a socket path or http://host:port."""
@@ -255,13 +266,12 @@ async def drive(
 
     latencies: list[float] = []
     errors = 0
-    counter = _UNIQUE
 
     async def caller() -> None:
         nonlocal errors
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            text = f"{prefix} sentence number {_RUN_ID}.{next(counter)}"
+            text = unique_text(prefix)
             body = json.dumps({"model": model, "input": text}).encode()
             started = time.perf_counter()
             status, _, _ = await client.request("POST", "/v1/embeddings", body)

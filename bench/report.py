@@ -198,8 +198,10 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
             "## Router hop (`bench_router`)\n\n`sr serve` with one tiny-BERT worker, result "
             "cache off, unique inputs; router (loopback TCP) and direct (worker's Unix "
             f"socket) alternate in {router['rounds']} rounds of {router['seconds_per_round']}"
-            " s per concurrency. `errors` are 503 `overloaded` answers (one worker holds "
-            "32 requests).\n\n"
+            " s per concurrency (at concurrency 1 the two paths take turns request by request). "
+            "`errors` are 503 `overloaded` answers: the router admits 32 requests per worker "
+            "and turns the rest away, while the direct path queues all of them in the worker, "
+            "so at concurrency 64 the two rows are not comparable as an overhead.\n\n"
             + _table(["concurrency", "path", "p50 ms", "p90 ms", "p99 ms", "req/s", "errors"], rows)
         )
         if "router" in plots:
