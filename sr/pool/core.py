@@ -286,12 +286,12 @@ def _worker_message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def _default_threads() -> int:
-    """Half the router's CPU budget, 1..16, or VLLM_SRUN_CPU_THREADS (sr.worker.threads)."""
+def default_worker_threads() -> int:
+    """Half the router's CPU budget, 1..16, or VLLM_SRUN_CPU_THREADS (sr.thread_budget)."""
     import os
 
     from sr.devices import cpu_budget
-    from sr.worker.threads import worker_thread_count
+    from sr.thread_budget import worker_thread_count
 
     return worker_thread_count(cpu_budget(), os.environ)
 
@@ -325,7 +325,7 @@ async def open_router(
                 config,
                 nursery,
                 events=events or EventSink(),
-                threads=threads if threads is not None else _default_threads(),
+                threads=threads if threads is not None else default_worker_threads(),
                 run_dir=path,
                 worker_factory=worker_factory,
             )

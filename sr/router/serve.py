@@ -26,7 +26,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from sr.config.schema import Listener, SrConfig
-from sr.errors import ConfigError, RequestError, SrError
+from sr.errors import ConfigError, RequestError, SrError, UsageError
 from sr.events import EventSink
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache, result_cache_entries_from_env
@@ -34,6 +34,7 @@ from sr.router.logs import configure_logging
 from sr.router.metrics import RouterMetrics
 from sr.router.reload import ConfigReloader
 from sr.router.startup import StartupProgress
+from sr.thread_budget import adaptive_mode
 
 # In-flight HTTP requests get this long to finish after shutdown() before they are cut.
 HTTP_GRACE_S = 10.0
@@ -86,8 +87,13 @@ async def serve(
     listener = config.listeners[0] if config.listeners else Listener()
     host = host or listener.host
     port = listener.port if port is None else port
-    # Bad settings fail here, before any worker starts.
+    # Bad settings fail here, once, before any worker starts (workers read them too).
     cache = ResultCache(result_cache_entries_from_env())
+    adaptive_mode(os.environ)
+    if threads is None and not in_process:
+        from sr.pool.core import default_worker_threads
+
+        threads = default_worker_threads()
     if ready_timeout_s is None:
         from sr.pool.durations import ready_timeout_s as ready_timeout_from_env
 
@@ -197,6 +203,9 @@ async def _run_process(
 
             nursery.start_soon(serve_then_stop)
             nursery.start_soon(_handle_signals, signals, started, nursery)
+    if failure and isinstance(failure[0], UsageError):
+        print(f"sr serve: error: {_one_line(failure[0])}", file=sys.stderr, flush=True)
+        return 2
     if failure:
         print(f"sr serve: startup failed: {_one_line(failure[0])}", file=sys.stderr, flush=True)
         return 1

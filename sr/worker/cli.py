@@ -19,6 +19,7 @@ import trio
 
 from sr.errors import UsageError
 from sr.events import EventSink
+from sr.thread_budget import adaptive_mode
 from sr.worker.options import WorkerOptions
 
 
@@ -90,8 +91,6 @@ def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
 def main(argv: list[str]) -> int:
     try:
         options, listen = parse_args(argv)
-        from sr.worker.threads import adaptive_mode  # imports torch: only past the usage checks
-
         adaptive = adaptive_mode(os.environ)
     except UsageError as error:
         print(f"sr worker: {error}", file=sys.stderr)

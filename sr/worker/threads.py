@@ -1,4 +1,4 @@
-"""CPU threads: budgets, the per-process thread context, and the forward runner.
+"""CPU threads: the per-process thread context, and the forward runner.
 
 torch's intra-op thread count is process-global, so two workers (or models) in one process
 would otherwise inherit each other's setting. Each forward runs inside `THREADS.use(n)`,
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from sr.devices import cpu_budget
-from sr.errors import UsageError
 from sr.events import EventSink
 from sr.worker.adaptive import (
     DEFAULT_SETTINGS,
@@ -32,34 +31,6 @@ from sr.worker.adaptive import (
     ThreadLearner,
     allowed_thread_counts,
 )
-
-THREADS_ENV = "VLLM_SRUN_CPU_THREADS"
-ADAPTIVE_ENV = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
-MAX_DEFAULT_THREADS = 16
-
-
-def worker_thread_count(budget: int, env: Mapping[str, str]) -> int:
-    """Threads for one managed CPU worker: half the budget (1..16), or the env override."""
-    if budget < 1:
-        raise ValueError(f"CPU budget must be >= 1, got {budget}")
-    raw = env.get(THREADS_ENV)
-    if raw is None:
-        return max(1, min(MAX_DEFAULT_THREADS, budget // 2))
-    text = raw.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise UsageError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
-    return min(int(text), budget)
-
-
-def adaptive_mode(env: Mapping[str, str]) -> int:
-    """0 (off, also when unset), 1 (learn and report) or 2 (learned counts may serve)."""
-    raw = env.get(ADAPTIVE_ENV)
-    if raw is None:
-        return 0
-    text = raw.strip()
-    if text not in ("0", "1", "2"):
-        raise UsageError(f"{ADAPTIVE_ENV} must be 0, 1 or 2, got {raw!r}")
-    return int(text)
 
 
 class ThreadContext:

@@ -57,3 +57,23 @@ def test_startup_failure_is_one_line_exit_1(tmp_path):
     assert err[-1].startswith("sr serve: startup failed:")
     assert "VLLM_SRUN_RESULT_CACHE" in err[-1]
     router.stop()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("VLLM_SRUN_CPU_THREADS", "abc"), ("VLLM_SRUN_CPU_ADAPTIVE_THREADS", "7")],
+)
+def test_bad_thread_settings_stop_sr_serve_before_any_worker(tmp_path, variable, value):
+    router = RouterProcess(tmp_path, env={variable: value})
+    write_config(router.config_path, tmp_path / "no-such-model", replicas=1)
+    try:
+        router.start(ready_timeout_s=20)
+    except AssertionError:
+        pass
+    assert router.wait(20) == 2
+    out = (tmp_path / "stdout.txt").read_text()
+    assert "replica" not in out  # refused before any worker was started
+    err = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+    assert err[-1].startswith(f"sr serve: error: {variable} must be ")
+    assert value in err[-1] and "Traceback" not in "\n".join(err)
+    router.stop()

@@ -1,7 +1,7 @@
 import pytest
 
 from sr.errors import UsageError
-from sr.worker.threads import adaptive_mode, worker_thread_count
+from sr.thread_budget import adaptive_mode, worker_thread_count
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""Thread budgets from the environment (SPEC section 7), without importing torch.
+
+The router reads these to size its workers and to refuse bad settings before any worker
+starts; the worker reads the same functions. Keeping them torch-free keeps torch out of
+the router process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sr.errors import UsageError
+
+__all__ = ["ADAPTIVE_ENV", "THREADS_ENV", "adaptive_mode", "worker_thread_count"]
+
+THREADS_ENV = "VLLM_SRUN_CPU_THREADS"
+ADAPTIVE_ENV = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
+MAX_DEFAULT_THREADS = 16
+
+
+def worker_thread_count(budget: int, env: Mapping[str, str]) -> int:
+    """Threads for one managed CPU worker: half the budget (1..16), or the env override."""
+    if budget < 1:
+        raise ValueError(f"CPU budget must be >= 1, got {budget}")
+    raw = env.get(THREADS_ENV)
+    if raw is None:
+        return max(1, min(MAX_DEFAULT_THREADS, budget // 2))
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise UsageError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
+    return min(int(text), budget)
+
+
+def adaptive_mode(env: Mapping[str, str]) -> int:
+    """0 (off, also when unset), 1 (learn and report) or 2 (learned counts may serve)."""
+    raw = env.get(ADAPTIVE_ENV)
+    if raw is None:
+        return 0
+    text = raw.strip()
+    if text not in ("0", "1", "2"):
+        raise UsageError(f"{ADAPTIVE_ENV} must be 0, 1 or 2, got {raw!r}")
+    return int(text)
