@@ -8,6 +8,7 @@
         ├── InvalidRequest    400 invalid_request
         ├── InvalidApiKey     401 invalid_api_key
         ├── ModelNotFound     404 model_not_found
+        ├── BodyReadTimeout   408 request_timeout (body not complete in time)
         ├── RequestTooLarge   413 request_too_large
         ├── WorkerFailed      502 worker_failed
         ├── Overloaded        503 overloaded (with Retry-After)
@@ -76,6 +77,10 @@ class InvalidApiKey(RequestError):
 
 class ModelNotFound(RequestError):
     status, code = 404, "model_not_found"
+
+
+class BodyReadTimeout(RequestError):
+    status, code = 408, "request_timeout"
 
 
 class RequestTooLarge(RequestError):

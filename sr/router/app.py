@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
 
-from sr.config.schema import SrConfig
-from sr.errors import InvalidApiKey, InvalidRequest, RequestError
-from sr.router import inventory_view
-from sr.router.asgi import (
+from sr.asgi import (
     DEFAULT_MAX_BODY_BYTES,
     ClientDisconnected,
     Receive,
@@ -30,9 +28,14 @@ from sr.router.asgi import (
     send_error,
     send_json,
     send_response,
+    serve_lifespan,
 )
+from sr.config.schema import SrConfig
+from sr.errors import InvalidApiKey, InvalidRequest, RequestError
+from sr.router import inventory_view
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
+from sr.router.faults import FAULTS_PATH, FaultRoute, fault_injection_enabled
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.rewrite import answer_with_public_model, forward_body, parse_native_body
 
@@ -88,6 +91,7 @@ class RouterApp:
         cache: ResultCache,
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        fault_injection: bool | None = None,
     ):
         self.core = core
         self.metrics = metrics
@@ -97,6 +101,9 @@ class RouterApp:
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
         self._watch_nursery: trio.Nursery | None = None  # set while the lifespan runs
+        if fault_injection is None:
+            fault_injection = fault_injection_enabled(os.environ)
+        self._faults = FaultRoute(core, enabled=fault_injection)
         self.apply_config(config)
         self._get_routes: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/health": self._health,
@@ -131,7 +138,7 @@ class RouterApp:
         async with trio.open_nursery() as nursery:
             self._watch_nursery = nursery
             try:
-                await _lifespan(receive, send)
+                await serve_lifespan(receive, send)
             finally:
                 self._watch_nursery = None
                 nursery.cancel_scope.cancel()
@@ -161,6 +168,8 @@ class RouterApp:
                     await _method_not_allowed(send, "POST")
                     return
                 await self._reload_route(send)
+            elif path == FAULTS_PATH:
+                await self._faults(scope, receive, send)
             else:
                 body = {"error": {"code": "not_found", "message": f"no route {path}"}}
                 await send_json(send, 404, body)
@@ -331,13 +340,3 @@ async def _method_not_allowed(send: Send, allowed: str) -> None:
         {"error": {"code": "method_not_allowed", "message": f"use {allowed}"}}
     ).encode()
     await send_response(send, 405, body, [(b"allow", allowed.encode())])
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from sr.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -28,7 +29,6 @@ from sr.errors import (
     Unavailable,
     WorkerFailed,
 )
-from sr.router.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.worker.faults import MAX_SLOW_MS, MODES
 
 FAULTS_PATH = "/api/v1/faults"

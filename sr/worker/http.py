@@ -14,7 +14,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from sr.errors import RequestTooLarge, UsageError
+from sr.asgi import ClientDisconnected, read_body, request_headers, serve_lifespan
+from sr.errors import RequestError, UsageError
 from sr.worker.service import JSON_HEADERS, WorkerService
 from sr.worker.validation import MAX_BODY_BYTES
 
@@ -22,18 +23,20 @@ GRACEFUL_TIMEOUT_S = 5.0
 
 
 def asgi_app(service: WorkerService):
-    too_large = RequestTooLarge(f"request body is over the limit of {MAX_BODY_BYTES} bytes")
-
     async def app(scope, receive, send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await _lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
         if kind != "http":
             return
-        body = await _read_body(scope, receive)
-        if body is None:
-            status, headers, payload = too_large.status, JSON_HEADERS, too_large.body()
+        (content_length,) = request_headers(scope, b"content-length")
+        try:
+            body = await read_body(receive, content_length, MAX_BODY_BYTES)
+        except ClientDisconnected:
+            return  # nobody is left to read an answer
+        except RequestError as error:  # too large, too slow, bad Content-Length
+            status, headers, payload = error.status, JSON_HEADERS, error.body()
         else:
             status, headers, payload = await service.handle(scope["method"], scope["path"], body)
         await send(
@@ -48,36 +51,6 @@ def asgi_app(service: WorkerService):
             service.exit_process(1)
 
     return app
-
-
-async def _read_body(scope, receive) -> bytes | None:
-    """The request body, or None once it passes MAX_BODY_BYTES (checked while reading)."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
-            return None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b""  # client went away; the answer will not be read
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def _lifespan(receive, send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 def prepare_uds(path: str) -> None:

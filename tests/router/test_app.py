@@ -16,7 +16,9 @@ from .asgi_client import call
 from .fake_core import FakeReply, FakeRouterCore, make_config
 
 
-def build(replicas=None, api_keys=None, handler=None, cache_entries=16, max_body=4096):
+def build(
+    replicas=None, api_keys=None, handler=None, cache_entries=16, max_body=4096, faults=False
+):
     config = make_config(replicas or {"primary": 2, "solo": 1}, api_keys)
     core = FakeRouterCore(config) if handler is None else FakeRouterCore(config, handler)
     app = RouterApp(
@@ -25,6 +27,7 @@ def build(replicas=None, api_keys=None, handler=None, cache_entries=16, max_body
         metrics=RouterMetrics(core.inventory),
         cache=ResultCache(cache_entries),
         max_body_bytes=max_body,
+        fault_injection=faults,
     )
     return app, core
 
@@ -311,3 +314,13 @@ async def test_internal_bug_is_a_json_500():
     answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "a"})
     assert answer.status == 500
     assert answer.json()["error"]["code"] == "internal_error"
+
+
+@pytest.mark.parametrize(
+    ("enabled", "status", "code"), [(False, 404, "not_found"), (True, 400, "invalid_request")]
+)
+async def test_fault_route_is_wired_only_when_enabled(enabled, status, code):
+    app, _ = build(faults=enabled)
+    answer = await call(app, "POST", "/api/v1/faults", b'{"mode": "sideways"}')
+    assert answer.status == status
+    assert answer.json()["error"]["code"] == code

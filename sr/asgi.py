@@ -1,20 +1,27 @@
-"""Small ASGI helpers for the router's front end: body reading with a cap, responses.
+"""Small ASGI helpers shared by the router's front end and the worker's HTTP face.
 
-The front end is a plain ASGI callable (no framework) to keep the per-request hop lean.
+Both are plain ASGI callables under hypercorn (no framework) to keep the per-request hop
+lean. Every body read is capped in size and in time: a client that trickles its body
+cannot hold a connection and a task for ever.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from sr.errors import InvalidRequest, RequestError, RequestTooLarge
+import trio
+
+from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# A 4 MiB body arrives in well under a second on any link that should reach this server.
+BODY_READ_TIMEOUT_S = 30.0
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
@@ -33,8 +40,15 @@ def request_headers(scope: dict[str, Any], *names: bytes) -> list[bytes | None]:
     return found
 
 
-async def read_body(receive: Receive, content_length: bytes | None, max_bytes: int) -> bytes:
-    """The whole request body; RequestTooLarge as soon as it is known to exceed max_bytes."""
+async def read_body(
+    receive: Receive,
+    content_length: bytes | None,
+    max_bytes: int,
+    timeout_s: float = BODY_READ_TIMEOUT_S,
+) -> bytes:
+    """The whole request body. RequestTooLarge as soon as it is known to exceed max_bytes,
+    BodyReadTimeout if it is not complete within timeout_s, ClientDisconnected if the
+    caller went away."""
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -44,19 +58,31 @@ async def read_body(receive: Receive, content_length: bytes | None, max_bytes: i
             raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
+    with trio.move_on_after(timeout_s if timeout_s > 0 else math.inf):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    raise BodyReadTimeout(f"request body not complete within {timeout_s:g}s")
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Answer ASGI lifespan messages; nothing to set up or tear down."""
     while True:
         message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > max_bytes:
-                raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def send_response(
