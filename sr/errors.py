@@ -4,12 +4,21 @@
     ├── UsageError            a command line that cannot be carried out (exit status 2)
     ├── ConfigError           a config that does not validate; carries every ConfigIssue
     ├── ArtifactNotFound      a model artifact that is not where sr looked
+    ├── UnsupportedModel      a checkpoint sr can read but cannot serve faithfully
+    ├── StartupFailed         a deployment can never become ready (names replica and reason)
+    ├── ReloadFailed          a new config could not be brought up; the old one serves on
     └── RequestError          an answer to an HTTP caller: status + code + message
         ├── InvalidRequest    400 invalid_request
+        ├── InvalidConfig     400 invalid_config (POST /api/v1/reload)
         ├── InvalidApiKey     401 invalid_api_key
+        ├── NotFound          404 not_found (no such route)
         ├── ModelNotFound     404 model_not_found
+        ├── ReplicaNotFound   404 replica_not_found (POST /api/v1/faults)
+        ├── MethodNotAllowed  405 method_not_allowed
         ├── BodyReadTimeout   408 request_timeout (body not complete in time)
+        ├── ReloadRejected    409 reload_failed / reload_in_progress
         ├── RequestTooLarge   413 request_too_large
+        ├── ForwardFailed     500 worker_failed (inside a worker: a forward raised)
         ├── WorkerFailed      502 worker_failed
         ├── Overloaded        503 overloaded (with Retry-After)
         ├── Unavailable       503 unavailable
@@ -54,6 +63,19 @@ class ArtifactNotFound(SrError):
     """A model artifact that could not be resolved; the message lists where sr looked."""
 
 
+class UnsupportedModel(SrError):
+    """A checkpoint sr can read but does not know how to serve faithfully."""
+
+
+class StartupFailed(SrError):
+    """A deployment can never become ready, or readiness timed out. Names the deployment,
+    the replica and the reason."""
+
+
+class ReloadFailed(SrError):
+    """The new config could not be brought up; the old one keeps serving."""
+
+
 class RequestError(SrError):
     status: int = 500
     code: str = "internal_error"
@@ -71,8 +93,16 @@ class InvalidRequest(RequestError):
     status, code = 400, "invalid_request"
 
 
+class InvalidConfig(RequestError):
+    status, code = 400, "invalid_config"
+
+
 class InvalidApiKey(RequestError):
     status, code = 401, "invalid_api_key"
+
+
+class NotFound(RequestError):
+    status, code = 404, "not_found"
 
 
 class ModelNotFound(RequestError):
@@ -83,8 +113,30 @@ class BodyReadTimeout(RequestError):
     status, code = 408, "request_timeout"
 
 
+class ReplicaNotFound(RequestError):
+    status, code = 404, "replica_not_found"
+
+
+class MethodNotAllowed(RequestError):
+    status, code = 405, "method_not_allowed"
+
+
+class ReloadRejected(RequestError):
+    status, code = 409, "reload_failed"
+
+
+class ReloadInProgress(ReloadRejected):
+    code = "reload_in_progress"
+
+
 class RequestTooLarge(RequestError):
     status, code = 413, "request_too_large"
+
+
+class ForwardFailed(RequestError):
+    """A forward raised on a worker's device thread; the worker keeps serving."""
+
+    status, code = 500, "worker_failed"
 
 
 class WorkerFailed(RequestError):

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from sr.models.checkpoint import UnsupportedModel
+from sr.errors import UnsupportedModel
 from sr.models.gemm_rows import min_consistent_rows
 
 

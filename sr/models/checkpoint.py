@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from sr.errors import SrError
+from sr.errors import UnsupportedModel
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")
 # The order sentence-transformers concatenates pooled vectors in when several modes are on.
@@ -25,10 +25,6 @@ _POOLING_KEYS = {
     "lasttoken": "pooling_mode_lasttoken",
 }
 _ST = "sentence_transformers.models."
-
-
-class UnsupportedModel(SrError):
-    """A checkpoint sr can read but does not know how to serve faithfully."""
 
 
 @attrs.frozen

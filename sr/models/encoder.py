@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from sr.models.checkpoint import CheckpointLayout, UnsupportedModel, read_layout
+from sr.errors import UnsupportedModel
+from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.families import family_for
 from sr.models.pooling import pool
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sr.errors import UnsupportedModel
 from sr.models.bert import BertEncoder
-from sr.models.checkpoint import UnsupportedModel
 
 FAMILIES: dict[str, Callable] = {
     "bert": BertEncoder,

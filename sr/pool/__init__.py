@@ -4,7 +4,8 @@ Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`, `du
 I/O: `transport`, `replica` (one task per replica), `deployment`, `core` (`open_router`).
 """
 
-from sr.pool.core import ReloadFailed, RouterCore, StartupFailed, open_router
+from sr.errors import ReloadFailed, StartupFailed
+from sr.pool.core import RouterCore, open_router
 from sr.pool.deployment import Reply
 
 __all__ = ["ReloadFailed", "Reply", "RouterCore", "StartupFailed", "open_router"]

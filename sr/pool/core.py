@@ -19,7 +19,13 @@ from typing import Any
 import trio
 
 from sr.config.schema import SrConfig
-from sr.errors import InvalidRequest, ModelNotFound, RequestTooLarge, SrError
+from sr.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    ReloadFailed,
+    RequestTooLarge,
+    StartupFailed,
+)
 from sr.events import EventSink
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.durations import ready_timeout_s
@@ -32,15 +38,6 @@ from sr.pool.state import ReplicaState
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
 _ERROR_BY_STATUS = {404: ModelNotFound, 413: RequestTooLarge}
-
-
-class StartupFailed(SrError):
-    """A deployment can never become ready, or readiness timed out. Names the deployment,
-    the replica and the reason."""
-
-
-class ReloadFailed(SrError):
-    """The new config could not be brought up; the old one keeps serving."""
 
 
 class RouterCore:

@@ -24,7 +24,10 @@ from sr.asgi import Receive, Send, read_body, request_headers, send_error, send_
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    MethodNotAllowed,
     ModelNotFound,
+    NotFound,
+    ReplicaNotFound,
     RequestError,
     Unavailable,
     WorkerFailed,
@@ -37,18 +40,6 @@ WORKER_FAULTS_PATH = "/admin/faults"
 MAX_FAULT_BODY_BYTES = 4096  # the body is four small fields
 FORWARD_TIMEOUT_S = 5.0  # a stopped (SIGSTOP) worker must not hold the caller forever
 _FIELDS = frozenset({"deployment", "replica", "mode", "slow_ms"})
-
-
-class ReplicaNotFound(RequestError):
-    status, code = 404, "replica_not_found"
-
-
-class FaultRouteDisabled(RequestError):
-    status, code = 404, "not_found"
-
-
-class MethodNotAllowed(RequestError):
-    status, code = 405, "method_not_allowed"
 
 
 def fault_injection_enabled(environ: Mapping[str, str]) -> bool:
@@ -136,7 +127,7 @@ class FaultRoute:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         try:
             if not self.enabled:
-                raise FaultRouteDisabled(
+                raise NotFound(
                     f"no route {FAULTS_PATH} (start the router with {ENV_FLAG}=1 to enable it)"
                 )
             if scope["method"] != "POST":

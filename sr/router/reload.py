@@ -17,22 +17,16 @@ from typing import Any
 import trio
 
 from sr.config.schema import SrConfig
-from sr.errors import ConfigError, RequestError, SrError
+from sr.errors import (
+    ConfigError,
+    InvalidConfig,
+    ReloadInProgress,
+    ReloadRejected,
+    SrError,
+)
 from sr.events import EventSink
 
 _log = logging.getLogger("sr.events")
-
-
-class InvalidConfig(RequestError):
-    status, code = 400, "invalid_config"
-
-
-class ReloadFailed(RequestError):
-    status, code = 409, "reload_failed"
-
-
-class ReloadInProgress(RequestError):
-    status, code = 409, "reload_in_progress"
 
 
 def reload_summary(config: SrConfig, pool_result: Any = None) -> dict[str, Any]:
@@ -82,12 +76,12 @@ class ConfigReloader:
                 pool_result = await self.core.reload(new)
             except SrError as error:
                 self._events.emit("config_reload_failed", error=str(error))
-                raise ReloadFailed(
+                raise ReloadRejected(
                     f"reload failed, the previous config keeps serving: {error}"
                 ) from None
             except Exception as error:
                 _log.exception("config_reload_failed")
-                raise ReloadFailed(
+                raise ReloadRejected(
                     f"reload failed, the previous config keeps serving: {type(error).__name__}:"
                     f" {error}"
                 ) from None

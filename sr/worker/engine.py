@@ -22,18 +22,12 @@ from collections.abc import Callable
 import torch
 import trio
 
-from sr.errors import RequestError
+from sr.errors import ForwardFailed
 from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
 
 KINDS = ("embed", "classify")
 DEFAULT_CACHE_ROWS = 4096
-
-
-class ForwardFailed(RequestError):
-    """A forward raised on the device thread; the worker keeps serving."""
-
-    status, code = 500, "worker_failed"
 
 
 class _Row:

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import trio
 
-from sr.errors import ArtifactNotFound, RequestError, Unavailable
+from sr.errors import ArtifactNotFound, ForwardFailed, RequestError, Unavailable
 from sr.events import EventSink
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
-from sr.worker.engine import Engine, ForwardFailed
+from sr.worker.engine import Engine
 from sr.worker.faults import FaultState
 from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions

@@ -37,9 +37,13 @@ def test_budget_below_one_is_a_programming_error():
 
 @pytest.mark.parametrize(
     ("env", "expected"),
-    [({}, 0), ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "0"}, 0),
-     ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1"}, 1), ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "2"}, 2),
-     ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": " 2\n"}, 2)],
+    [
+        ({}, 0),
+        ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "0"}, 0),
+        ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "1"}, 1),
+        ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "2"}, 2),
+        ({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": " 2\n"}, 2),
+    ],
 )
 def test_adaptive_mode(env, expected):
     assert adaptive_mode(env) == expected

@@ -37,9 +37,11 @@ def test_two_workers_in_one_process_never_inherit_each_others_count():
     def worker(name: str) -> None:
         start.wait()
         for _ in range(200):
+
             def forward():
                 seen[name].append(torch.get_num_threads())
                 return weights @ weights
+
             runners[name].run(forward, padded_tokens=64)
 
     threads = [threading.Thread(target=worker, args=(name,)) for name in runners]

@@ -18,7 +18,11 @@ def make(mode=1, threads=1, budget=2, k=5, **kw):
     clock = FakeClock()
     sink = RecordingSink()
     runner = ForwardRunner(
-        threads, mode=mode, budget=budget, clock=clock, events=sink,
+        threads,
+        mode=mode,
+        budget=budget,
+        clock=clock,
+        events=sink,
         settings=LearningSettings(min_samples=k, **kw),
     )
     return runner, clock, sink
@@ -65,8 +69,12 @@ def test_a_bucket_is_learned_after_k_samples_per_count_and_served_answers_stay_c
         assert forward.produced_at(result) == 1
     row = runner.report()["table"]["6"]
     assert row == {
-        "tokens": "64-127", "batches": 6, "learned": 2,
-        "median_ms": {"1": 5.0, "2": 3.0}, "samples": {"1": 5, "2": 5}, "serving": 1,
+        "tokens": "64-127",
+        "batches": 6,
+        "learned": 2,
+        "median_ms": {"1": 5.0, "2": 3.0},
+        "samples": {"1": 5, "2": 5},
+        "serving": 1,
     }
     assert runner.report()["suggested_threads"] == 2
     [learned] = sink.named("threads_learned")
@@ -80,8 +88,9 @@ def test_a_bucket_is_learned_after_k_samples_per_count_and_served_answers_stay_c
 
 
 def test_learning_logs_one_json_line_on_sr_events(caplog):
-    runner = ForwardRunner(1, mode=1, budget=2, clock=FakeClock(),
-                           settings=LearningSettings(min_samples=1))
+    runner = ForwardRunner(
+        1, mode=1, budget=2, clock=FakeClock(), settings=LearningSettings(min_samples=1)
+    )
     forward = CostedForward(runner._clock, FAST_AT_2)
     runner.unlock()
     with caplog.at_level(logging.INFO, logger="sr.events"):
@@ -223,9 +232,16 @@ def test_mode2_with_the_configured_count_learned_serves_it_alone():
 def test_report_contents():
     runner, _, _ = make(mode=2, k=2, window=4, threads=2, budget=4)
     assert runner.report() == {
-        "mode": 2, "status": "locked", "reason": "waiting for the golden check",
-        "configured_threads": 2, "allowed_threads": [1, 2, 4], "min_samples": 2,
-        "shadows": 0, "max_shadows": 2 * 2 * 8, "window": 4, "suggested_threads": None,
+        "mode": 2,
+        "status": "locked",
+        "reason": "waiting for the golden check",
+        "configured_threads": 2,
+        "allowed_threads": [1, 2, 4],
+        "min_samples": 2,
+        "shadows": 0,
+        "max_shadows": 2 * 2 * 8,
+        "window": 4,
+        "suggested_threads": None,
         "table": {},
     }
     json.dumps(runner.report())  # goes into the model card as is

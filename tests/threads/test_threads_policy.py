@@ -12,8 +12,16 @@ from sr.worker.adaptive import (
 
 @pytest.mark.parametrize(
     ("configured", "budget", "expected"),
-    [(1, 1, (1,)), (1, 2, (1, 2)), (2, 2, (1, 2)), (2, 4, (1, 2, 4)), (3, 8, (1, 2, 3, 4, 8)),
-     (8, 16, (1, 2, 4, 8, 16)), (6, 64, (1, 2, 4, 6, 8, 16)), (32, 64, (1, 2, 4, 8, 16, 32))],
+    [
+        (1, 1, (1,)),
+        (1, 2, (1, 2)),
+        (2, 2, (1, 2)),
+        (2, 4, (1, 2, 4)),
+        (3, 8, (1, 2, 3, 4, 8)),
+        (8, 16, (1, 2, 4, 8, 16)),
+        (6, 64, (1, 2, 4, 6, 8, 16)),
+        (32, 64, (1, 2, 4, 8, 16, 32)),
+    ],
 )
 def test_allowed_counts_are_powers_of_two_up_to_the_budget_plus_the_configured(
     configured, budget, expected
@@ -23,8 +31,16 @@ def test_allowed_counts_are_powers_of_two_up_to_the_budget_plus_the_configured(
 
 @pytest.mark.parametrize(
     ("tokens", "bucket", "label"),
-    [(0, 0, "1-1"), (1, 0, "1-1"), (2, 1, "2-3"), (3, 1, "2-3"), (64, 6, "64-127"),
-     (127, 6, "64-127"), (128, 7, "128-255"), (8192, 13, "8192-16383")],
+    [
+        (0, 0, "1-1"),
+        (1, 0, "1-1"),
+        (2, 1, "2-3"),
+        (3, 1, "2-3"),
+        (64, 6, "64-127"),
+        (127, 6, "64-127"),
+        (128, 7, "128-255"),
+        (8192, 13, "8192-16383"),
+    ],
 )
 def test_buckets_are_log2_of_padded_tokens(tokens, bucket, label):
     assert size_bucket(tokens) == bucket
@@ -32,8 +48,9 @@ def test_buckets_are_log2_of_padded_tokens(tokens, bucket, label):
 
 
 def learner(mode=1, k=2, configured=1, allowed=(1, 2), **kw):
-    return ThreadLearner(configured, allowed, mode=mode,
-                         settings=LearningSettings(min_samples=k, **kw))
+    return ThreadLearner(
+        configured, allowed, mode=mode, settings=LearningSettings(min_samples=k, **kw)
+    )
 
 
 def explore(lrn, tokens, served_ms, shadow_ms):

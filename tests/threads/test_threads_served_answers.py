@@ -63,7 +63,7 @@ def test_embedded_minilm_gives_the_same_bytes_with_learning_on_and_off():
     ids = model.tokenize(TEXTS)
     batches = []
     for start in range(0, len(ids), 2):
-        batch = ids[start:start + 2]
+        batch = ids[start : start + 2]
         padded = len(batch) * max(len(row) for row in batch)
         batches.append((lambda batch=batch: model.embed(batch), padded))
     batches = batches * 3

@@ -9,9 +9,10 @@ import pytest
 import trio
 from worker_fakes import FakeModel
 
+from sr.errors import ForwardFailed
 from sr.worker.batching import Limits
 from sr.worker.device_thread import DeviceThread
-from sr.worker.engine import Engine, ForwardFailed
+from sr.worker.engine import Engine
 from sr.worker.threads import ForwardRunner
 
 
