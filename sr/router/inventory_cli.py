@@ -8,13 +8,17 @@ is one clear line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 import httpx
 
+from sr.config.arguments import OneLineArgumentParser, report_usage_error
+from sr.errors import UsageError
 from sr.router.inventory_table import render_inventory
 
 DEFAULT_URL = "http://127.0.0.1:8899"
@@ -26,11 +30,32 @@ class InventoryUnavailable(Exception):
     """The router could not be asked, or did not answer with an inventory."""
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _router_url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sr inventory", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"router URL (default {DEFAULT_URL})")
+    parser = OneLineArgumentParser(prog="sr inventory", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--url", type=_router_url, default=DEFAULT_URL, help=f"router URL (default {DEFAULT_URL})"
+    )
     parser.add_argument("--watch", action="store_true", help="redraw until Ctrl-C")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    parser.add_argument(
+        "--interval", type=_positive_seconds, default=2.0, help="seconds between redraws"
+    )
     parser.add_argument(
         "--api-key", default=os.environ.get("SR_API_KEY"), help="bearer key (or SR_API_KEY)"
     )
@@ -60,10 +85,10 @@ def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.interval <= 0:
-        print("sr inventory: --interval must be greater than zero", file=sys.stderr)
-        return 2
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as error:
+        return report_usage_error("sr inventory", error)
     colour = sys.stdout.isatty()
     try:
         with httpx.Client(timeout=5.0) as client:

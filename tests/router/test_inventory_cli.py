@@ -115,3 +115,22 @@ def test_watch_redraws_until_ctrl_c(inventory_url, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.count(inventory_cli.CLEAR_SCREEN) == 2
     assert sleeps == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--bogus"],
+        ["--interval", "nan", "--watch"],
+        ["--interval", "0"],
+        ["--interval", "-1"],
+        ["--url", "notaurl"],
+        ["--url", "ftp://127.0.0.1:1"],
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(argv, capsys):
+    assert inventory_cli.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sr inventory: error: ")
+    assert captured.out == ""
