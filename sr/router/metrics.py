@@ -2,9 +2,9 @@
 
 Three sources:
 - the front end counts requests by outcome and observes latency (`observe_request`);
-- pool events feed restart, ejection and readmission counters and the ejected gauge
-  (`on_event`, subscribed to the EventSink), so the pool never imports Prometheus;
-- replica readiness, in-flight requests and outstanding bytes are read from the pool's
+- pool events feed restart, ejection and readmission counters (`on_event`, subscribed to
+  the EventSink), so the pool never imports Prometheus;
+- replica readiness, ejection, in-flight requests and outstanding bytes are read from the pool's
   inventory at scrape time by a custom collector, so they are never stale.
 
 A per-router registry (not the process-global one) lets several routers, or tests, live in
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -51,6 +51,11 @@ class InventoryCollector(Collector):
         ready_count = GaugeMetricFamily(
             "sr_deployment_ready_replicas", "Replicas ready to take work", labels=["deployment"]
         )
+        # From the snapshot, not from eject/readmit events: a replica that restarts or is
+        # retired while ejected never gets a readmission event, and the gauge must not lie.
+        ejected = GaugeMetricFamily(
+            "sr_replica_ejected", "1 while the replica is ejected", labels=labels
+        )
         for name, deployment in inventory_view.deployments(self._inventory()):
             members = inventory_view.replicas(deployment)
             desired.add_metric([name], inventory_view.number(deployment.get("desired_replicas")))
@@ -62,11 +67,12 @@ class InventoryCollector(Collector):
                 ready.add_metric(key, is_ready)
                 inflight.add_metric(key, inventory_view.number(replica.get("inflight")))
                 outstanding.add_metric(key, inventory_view.number(replica.get("outstanding_bytes")))
+                ejected.add_metric(key, 1.0 if replica.get("state") == "ejected" else 0.0)
             reported = deployment.get("ready_replicas")
             ready_count.add_metric(
                 [name], ready_total if reported is None else inventory_view.number(reported)
             )
-        yield from (ready, inflight, outstanding, desired, ready_count)
+        yield from (ready, inflight, outstanding, ejected, desired, ready_count)
 
 
 class RouterMetrics:
@@ -102,10 +108,6 @@ class RouterMetrics:
             replica_labels,
             registry=self.registry,
         )
-        self.ejected = Gauge(
-            "sr_replica_ejected", "1 while the replica is ejected", replica_labels,
-            registry=self.registry,
-        )  # fmt: skip
         self.registry.register(InventoryCollector(inventory))
         # Label lookups cost a lock and a tuple; the hot path keeps its children here.
         self._request_children: dict[tuple[str, str, str], Any] = {}
@@ -133,10 +135,8 @@ class RouterMetrics:
             self.restarts.labels(*labels).inc()
         elif event == "replica_ejected":
             self.ejections.labels(*labels).inc()
-            self.ejected.labels(*labels).set(1)
         elif event == "replica_readmitted":
             self.readmissions.labels(*labels).inc()
-            self.ejected.labels(*labels).set(0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

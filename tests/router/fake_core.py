@@ -54,6 +54,7 @@ class FakeRouterCore:
         self.events = events
         self.calls: list[tuple[str, str, bytes, float | None]] = []
         self.ready = True
+        self.replica_states: dict[str, str] = {}  # replica id -> state, overriding ready
         self.reloads: list[SrConfig] = []
         self.reload_error: Exception | None = None
         self.wait_ready_error: SrError | None = None
@@ -75,8 +76,10 @@ class FakeRouterCore:
                 {
                     "id": f"{name}-{i}",
                     "device": "cpu",
-                    "state": "ready" if self.ready else "loading",
-                    "ready": self.ready,
+                    "state": self.replica_states.get(
+                        f"{name}-{i}", "ready" if self.ready else "loading"
+                    ),
+                    "ready": self.ready and f"{name}-{i}" not in self.replica_states,
                     "inflight": i,
                     "outstanding_bytes": 100 * i,
                     "restarts": 0,

@@ -30,6 +30,7 @@ def test_requests_latency_events_and_inventory_gauges():
     sink.emit("replica_ejected", deployment="primary", replica="primary-0", duration_ms=30000)
     sink.emit("replica_readmitted", deployment="primary", replica="primary-0", reason="ok")
     sink.emit("replica_ejected", deployment="primary", replica="primary-0", duration_ms=60000)
+    core.replica_states["primary-0"] = "ejected"
     found = samples(metrics.render().decode())
 
     route = ("route", "/v1/embeddings")
@@ -43,7 +44,12 @@ def test_requests_latency_events_and_inventory_gauges():
     assert found[("sr_replica_ejections_total", r0)] == 2
     assert found[("sr_replica_readmissions_total", r0)] == 1
     assert found[("sr_replica_ejected", r0)] == 1
-    assert found[("sr_replica_ready", r0)] == 1
+    assert found[("sr_replica_ejected", r1)] == 0
+    assert found[("sr_replica_ready", r0)] == 0
+    assert found[("sr_replica_ready", r1)] == 1
+    # Ejected, then restarted (no readmission event): the gauge follows the inventory.
+    core.replica_states["primary-0"] = "restarting"
+    assert samples(metrics.render().decode())[("sr_replica_ejected", r0)] == 0
     assert found[("sr_replica_inflight", r1)] == 1
     assert found[("sr_replica_outstanding_bytes", r1)] == 100
     assert found[("sr_deployment_desired_replicas", (dep,))] == 2
