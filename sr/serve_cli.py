@@ -7,7 +7,9 @@
 The config file is the only state: flags are applied to it (creating the default config
 when the file is missing), the result is validated, and only then written, atomically and
 only when it changed. Usage errors are one line on stderr and exit status 2, with the
-file left byte-for-byte as it was.
+file left byte-for-byte as it was (a config with several issues lists them all on that line,
+joined by "; "). `--threads` above the CPU budget is capped at it silently, exactly like
+`VLLM_SRUN_CPU_THREADS` (SPEC section 7).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from sr.config.cli import issue_line
 from sr.config.load import dump_config, load_config, validate, write_config_atomic
 from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
 from sr.config.schema import MAX_REPLICAS, default_config
-from sr.devices import gpu_inventory
-from sr.errors import ConfigError, UsageError
+from sr.devices import cpu_budget, gpu_inventory
+from sr.errors import ConfigError, ConfigIssue, UsageError
 
 PROG = "sr serve"
 
@@ -51,6 +53,14 @@ def _parser() -> OneLineArgumentParser:
     return p
 
 
+def _issues_line(path: Path, issues: list[ConfigIssue]) -> str:
+    """Every issue on one line, the config file named once at the front."""
+    if not issues:
+        return f"{path}: invalid config"
+    first, *rest = issues
+    return "; ".join([issue_line(path, first), *(str(issue) for issue in rest)])
+
+
 def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:
@@ -76,14 +86,11 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
     except ConfigError as exc:
-        for issue in exc.issues:
-            print(f"{PROG}: error: {issue_line(path, issue)}", file=sys.stderr)
-        return 2
+        return report_usage_error(PROG, UsageError(_issues_line(path, exc.issues)))
     issues = validate(new)
     if issues:
-        for issue in issues:
-            print(f"{PROG}: error: the result would not validate: {issue}", file=sys.stderr)
-        return 2
+        joined = "; ".join(str(issue) for issue in issues)
+        return report_usage_error(PROG, UsageError(f"the result would not validate: {joined}"))
 
     if args.dry_run:
         sys.stdout.write(dump_config(new))
@@ -105,4 +112,6 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
             file=sys.stderr,
         )
         return 1
-    return run_sr_serve(new, config_path=path, host=args.host, port=args.port, threads=args.threads)
+    # Capped like VLLM_SRUN_CPU_THREADS: more threads than CPUs only oversubscribes them.
+    threads = None if args.threads is None else min(args.threads, cpu_budget())
+    return run_sr_serve(new, config_path=path, host=args.host, port=args.port, threads=threads)

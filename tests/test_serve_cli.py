@@ -10,6 +10,7 @@ import pytest
 from sr import serve_cli
 from sr.config.load import dump_config, parse_config
 from sr.config.schema import default_config
+from sr.errors import ConfigIssue
 
 CPU_HOST = {"SR_GPU_INVENTORY": ""}
 ROCM_HOST = {"SR_GPU_INVENTORY": "rocm:0,1"}
@@ -242,12 +243,55 @@ def test_invalid_config_lists_every_issue(tmp_path, capsys, router):
         "        replica: []\n        max_num_seqs: 0\n"
     )
     assert serve(path, "-dp", "2") == 2
-    assert capsys.readouterr().err.splitlines() == [
+    # SPEC section 2: a usage error is one line, so every issue shares it
+    assert one_error_line(capsys) == (
         f"sr serve: error: {path}: global.model_catalog.deployments.primary.replica:"
-        " unknown key; did you mean 'replicas'?",
-        f"sr serve: error: {path}: global.model_catalog.deployments.primary.max_num_seqs:"
-        " must be a positive integer, got 0",
-    ]
+        " unknown key; did you mean 'replicas'?;"
+        " global.model_catalog.deployments.primary.max_num_seqs:"
+        " must be a positive integer, got 0"
+    )
+
+
+def test_every_semantic_issue_shares_the_one_error_line(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "global:\n  model_catalog:\n    deployments:\n      primary:\n        artifact: m\n"
+        "        input: {max_tokens: 1}\n        endpoint: http://127.0.0.1:9\n"
+        "        model: other\n"
+        "listeners:\n  - {host: 127.0.0.1, port: 8899}\n  - {host: 127.0.0.1, port: 8900}\n"
+    )
+    before = path.read_bytes()
+    assert serve(path) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"sr serve: error: {path}: ")
+    for fragment in (
+        "global.model_catalog.deployments.primary.input.max_tokens: must be at least 2",
+        "global.model_catalog.deployments.primary.model: attached model 'other' differs",
+        "listeners: exactly one listener is supported, got 2",
+    ):
+        assert fragment in line
+    assert path.read_bytes() == before
+    assert router == []
+
+
+def test_a_model_no_worker_could_take_is_refused_before_writing(tmp_path, capsys, router):
+    path = tmp_path / "config.yaml"
+    assert serve_cli.main(["--config", str(path), "--", "-m"], env=CPU_HOST) == 2
+    assert one_error_line(capsys) == (
+        "sr serve: error: the result would not validate:"
+        " global.model_catalog.deployments.primary.artifact: must not start with '-', got '-m'"
+    )
+    assert not path.exists()
+
+
+def test_issues_of_the_result_share_the_one_error_line(tmp_path, capsys, router, monkeypatch):
+    two = [ConfigIssue("listeners", "first"), ConfigIssue("listeners[0].port", "second")]
+    monkeypatch.setattr(serve_cli, "validate", lambda cfg: two)
+    assert serve(tmp_path / "c.yaml") == 2
+    assert one_error_line(capsys) == (
+        "sr serve: error: the result would not validate: listeners: first;"
+        " listeners[0].port: second"
+    )
 
 
 def test_flags_that_would_make_an_invalid_config_write_nothing(tmp_path, capsys, router):
@@ -281,3 +325,14 @@ def test_help_exits_zero(capsys):
         serve_cli.main(["--help"])
     assert info.value.code == 0
     assert "--device-ids" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("asked", "budget", "given"), [(64, 4, 4), (4, 4, 4), (3, 4, 3)])
+def test_threads_above_the_cpu_budget_are_capped_silently(
+    tmp_path, capsys, router, monkeypatch, asked, budget, given
+):
+    # same rule as VLLM_SRUN_CPU_THREADS (SPEC section 7): capped at the budget, no message
+    monkeypatch.setattr(serve_cli, "cpu_budget", lambda: budget)
+    assert serve(tmp_path / "c.yaml", "--threads", str(asked)) == 0
+    assert router[0]["t"] == given
+    assert capsys.readouterr().err == ""

@@ -26,6 +26,9 @@ DEVICE_RE = re.compile(r"cpu|(cuda|rocm):(0|[1-9][0-9]{0,3})")
 # Names end up in URLs, metric labels and socket paths: keep them plain.
 DEPLOYMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CATALOG = "global.model_catalog"
+# `sr worker` refuses --max-tokens below this (sr/worker/options.py); mirrored so that a
+# config that validates never starts workers that refuse their arguments.
+MIN_MAX_TOKENS = 2
 
 
 def device_error(device: str) -> str | None:
@@ -60,7 +63,17 @@ def _positive(value: int | None, path: str, issues: list[ConfigIssue]) -> None:
         issues.append(ConfigIssue(path, f"must be a positive integer, got {value}"))
 
 
-def _check_replica(replica: Replica, path: str, issues: list[ConfigIssue]) -> None:
+def _argv_value_error(value: str) -> str | None:
+    """Why `value` cannot travel as a `sr worker` flag value, or None when it can."""
+    if value.startswith("-"):
+        # argparse would read it as a flag, and the worker would refuse its arguments
+        return f"must not start with '-', got {value!r}"
+    if "\0" in value:
+        return "must not contain a NUL character"
+    return None
+
+
+def _check_replica(replica: Replica, artifact: str, path: str, issues: list[ConfigIssue]) -> None:
     if replica.device is not None and replica.endpoint is not None:
         issues.append(
             ConfigIssue(
@@ -79,6 +92,14 @@ def _check_replica(replica: Replica, path: str, issues: list[ConfigIssue]) -> No
         if not replica.model:
             issues.append(
                 ConfigIssue(f"{path}.model", "an attached replica (endpoint) needs model")
+            )
+        elif replica.model != artifact:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.model",
+                    f"attached model {replica.model!r} differs from the deployment's artifact"
+                    f" {artifact!r}; all replicas of a deployment share the artifact",
+                )
             )
     elif replica.model is not None:
         issues.append(
@@ -132,13 +153,24 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
         )
     if not dep.artifact.strip():
         issues.append(ConfigIssue(f"{path}.artifact", "must not be empty"))
+    elif err := _argv_value_error(dep.artifact):
+        issues.append(ConfigIssue(f"{path}.artifact", err))
+    if dep.revision and (err := _argv_value_error(dep.revision)):
+        issues.append(ConfigIssue(f"{path}.revision", err))
     if dep.profile not in PROFILES:
         issues.append(
             ConfigIssue(
                 f"{path}.profile", f"unknown profile {dep.profile!r}; one of {', '.join(PROFILES)}"
             )
         )
-    _positive(dep.input.max_tokens, f"{path}.input.max_tokens", issues)
+    if dep.input.max_tokens < MIN_MAX_TOKENS:
+        issues.append(
+            ConfigIssue(
+                f"{path}.input.max_tokens",
+                f"must be at least {MIN_MAX_TOKENS} (workers refuse fewer),"
+                f" got {dep.input.max_tokens}",
+            )
+        )
     if dep.input.overflow not in OVERFLOW_MODES:
         issues.append(
             ConfigIssue(
@@ -149,7 +181,7 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
     for name in ("timeout_ms", "max_num_seqs", "max_num_batched_tokens"):
         _positive(getattr(dep, name), f"{path}.{name}", issues)
     budget = dep.max_num_batched_tokens
-    if budget is not None and dep.input.max_tokens > 0 and 0 < budget < dep.input.max_tokens:
+    if budget is not None and 0 < budget < dep.input.max_tokens:
         issues.append(
             ConfigIssue(
                 f"{path}.max_num_batched_tokens",
@@ -177,13 +209,13 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
                 )
             )
         for i, replica in enumerate(dep.replicas):
-            _check_replica(replica, f"{path}.replicas[{i}]", issues)
+            _check_replica(replica, dep.artifact, f"{path}.replicas[{i}]", issues)
     else:
         # The shorthand is one replica whose keys sit on the deployment itself.
         shorthand = Replica(device=dep.device, endpoint=dep.endpoint, model=dep.model)
         if shorthand.device is None and shorthand.endpoint is None:
             shorthand.device = "cpu"  # neither given: one worker on cpu
-        _check_replica(shorthand, path, issues)
+        _check_replica(shorthand, dep.artifact, path, issues)
     _check_outlier(dep.outlier_detection, f"{path}.outlier_detection", issues)
 
 
@@ -246,9 +278,15 @@ def semantic_issues(cfg: SrConfig) -> list[ConfigIssue]:
 
 
 def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
-    if not cfg.listeners:
-        issues.append(ConfigIssue("listeners", "at least one listener is required"))
-    seen: set[tuple[str, int]] = set()
+    # The router binds exactly one address (SPEC section 8); a second listener would be
+    # silently ignored, and none would silently serve the default with no api_keys.
+    if len(cfg.listeners) != 1:
+        issues.append(
+            ConfigIssue(
+                "listeners",
+                f"exactly one listener is supported, got {len(cfg.listeners)}",
+            )
+        )
     for i, listener in enumerate(cfg.listeners):
         path = f"listeners[{i}]"
         if not listener.host.strip():
@@ -256,9 +294,6 @@ def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
         # 0 asks the OS for a free port (tests, embedding); see docs/decisions.md
         if not 0 <= listener.port <= 65535:
             issues.append(ConfigIssue(f"{path}.port", f"must be 0..65535, got {listener.port}"))
-        if (listener.host, listener.port) in seen and listener.port != 0:
-            issues.append(ConfigIssue(path, f"duplicate listener {listener.host}:{listener.port}"))
-        seen.add((listener.host, listener.port))
         for j, key in enumerate(listener.api_keys):
             if not key.strip():
                 issues.append(ConfigIssue(f"{path}.api_keys[{j}]", "api keys must not be empty"))

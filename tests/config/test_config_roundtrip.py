@@ -22,11 +22,8 @@ artifacts = st.one_of(st.from_regex(r"[a-z]+/[A-Za-z0-9.-]{1,12}", fullmatch=Tru
 managed = st.builds(
     Replica, device=st.one_of(st.just("cpu"), st.integers(0, 7).map(lambda i: f"cuda:{i}"))
 )
-attached = st.builds(
-    Replica,
-    endpoint=st.integers(1, 65535).map(lambda p: f"http://10.0.0.5:{p}"),
-    model=artifacts,
-)
+# model is filled in with the deployment's artifact: replicas share it (SPEC section 3)
+attached = st.builds(Replica, endpoint=st.integers(1, 65535).map(lambda p: f"http://10.0.0.5:{p}"))
 optional_positive = st.one_of(st.none(), st.integers(1, 10**6))
 
 
@@ -39,7 +36,7 @@ def deployments(draw) -> Deployment:
         revision=draw(st.one_of(st.none(), tricky_text)),
         profile=draw(st.sampled_from(["exact", "throughput"])),
         input=InputLimits(
-            max_tokens=draw(st.integers(1, 512)),
+            max_tokens=draw(st.integers(2, 512)),
             overflow=draw(st.sampled_from(["reject", "truncate"])),
         ),
         timeout_ms=draw(optional_positive),
@@ -54,11 +51,14 @@ def deployments(draw) -> Deployment:
     )
     if placement == "replicas":
         dep.replicas = draw(st.lists(st.one_of(managed, attached), min_size=1, max_size=5))
+        for replica in dep.replicas:
+            if replica.endpoint is not None:
+                replica.model = dep.artifact
     elif placement == "device":
         dep.device = draw(managed).device
     elif placement == "endpoint":
         replica = draw(attached)
-        dep.endpoint, dep.model = replica.endpoint, replica.model
+        dep.endpoint, dep.model = replica.endpoint, dep.artifact
     return dep
 
 
@@ -86,3 +86,20 @@ def test_dump_then_load_is_identity(cfg):
     loaded = parse_config(text)
     assert loaded == cfg
     assert dump_config(loaded) == text
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs())
+def test_a_valid_config_never_starts_workers_that_refuse_their_arguments(cfg):
+    # The config mirrors every bound of `sr worker` (sr/worker/options.py); a worker that
+    # refuses its argv would only show up at run time, after three restarts.
+    from sr.pool.replica import worker_argv
+    from sr.worker.cli import parse_args
+
+    assert validate(cfg) == []
+    for dep in cfg.deployments.values():
+        for replica in dep.placements():
+            if replica.device is not None:
+                argv = worker_argv(dep, replica.device, 1, "/tmp/w.sock")
+                options, _ = parse_args(argv[argv.index("worker") + 1 :])
+                assert options.artifact == dep.artifact
