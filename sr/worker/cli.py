@@ -100,15 +100,45 @@ def main(argv: list[str]) -> int:
     root = logging.getLogger("sr")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    listening: list[str] = []  # filled once the socket is bound
     try:
-        trio.run(_run, options, listen, adaptive)
-    except UsageError as error:
-        print(f"sr worker: {error}", file=sys.stderr)
-        return 2
+        trio.run(_run, options, listen, adaptive, listening)
+    except (UsageError, OSError, BaseExceptionGroup) as error:
+        # Trio nurseries wrap what escapes them in (nested) ExceptionGroups; a startup
+        # failure is one leaf in there and deserves one line, not a traceback.
+        usage = _leaf(error, UsageError)
+        if usage is not None:
+            print(f"sr worker: {usage}", file=sys.stderr)
+            return 2
+        bind_error = _leaf(error, OSError)
+        if bind_error is None or listening:
+            raise
+        reason = bind_error.strerror or str(bind_error)
+        print(f"sr worker: cannot listen on {_bind_name(listen)}: {reason}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _run(options: WorkerOptions, listen: dict, adaptive: int) -> None:
+def _leaf(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first `kind` inside `error`, when that is all `error` holds (else None)."""
+    if isinstance(error, BaseExceptionGroup):
+        matched, rest = error.split(kind)
+        if matched is None or rest is not None:
+            return None
+        while isinstance(matched, BaseExceptionGroup):
+            matched = matched.exceptions[0]
+        return matched
+    return error if isinstance(error, kind) else None
+
+
+def _bind_name(listen: dict) -> str:
+    if "uds" in listen:
+        return f"unix:{listen['uds']}"
+    host = listen["host"]
+    return f"[{host}]:{listen['port']}" if ":" in host else f"{host}:{listen['port']}"
+
+
+async def _run(options: WorkerOptions, listen: dict, adaptive: int, listening: list[str]) -> None:
     from sr.worker.http import serve_worker
     from sr.worker.service import WorkerService
 
@@ -127,6 +157,7 @@ async def _run(options: WorkerOptions, listen: dict, adaptive: int) -> None:
                     service, shutdown_trigger=until_signal, task_status=task_status, **listen
                 )
             )
+            listening.extend(binds)
             port = None
             if "port" in listen:
                 port = int(binds[0].rsplit(":", 1)[1])

@@ -54,10 +54,13 @@ def asgi_app(service: WorkerService):
 
 
 def prepare_uds(path: str) -> None:
-    """Create the socket's folder 0700 and remove a stale socket file left by a dead worker."""
+    """Make sure the socket's folder is private, then remove a stale socket left by a dead worker.
+
+    A missing folder is created 0700. An existing one is never chmodded (`--uds /tmp/x.sock`
+    must not lock everyone out of /tmp): it must already belong to this user and be closed to
+    group and others, otherwise the socket would be reachable by other local users."""
     target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(target.parent, 0o700)
+    _private_folder(target.parent)
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
@@ -74,6 +77,29 @@ def prepare_uds(path: str) -> None:
     finally:
         probe.close()
     raise UsageError(f"--uds: {path} is in use by a running process")
+
+
+def _private_folder(folder: Path) -> None:
+    try:
+        os.makedirs(folder, mode=0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(folder, 0o700)  # makedirs' mode is masked by the umask; ours only, just made
+        return
+    info = os.stat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"--uds: the socket folder {folder} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"--uds: the socket folder {folder} belongs to uid {info.st_uid}, not to this user "
+            f"(uid {os.geteuid()}); use a private folder"
+        )
+    if info.st_mode & 0o077:
+        raise UsageError(
+            f"--uds: the socket folder {folder} is shared "
+            f"(mode {stat.S_IMODE(info.st_mode):o}); use a private folder"
+        )
 
 
 async def serve_worker(

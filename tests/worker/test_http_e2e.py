@@ -54,7 +54,8 @@ def stop(proc: subprocess.Popen) -> int:
 
 def test_uds_worker_serves_survives_garbage_and_stops_on_sigterm(tmp_path, tiny_model_dir):
     folder = tmp_path / "sockets"
-    folder.mkdir(mode=0o755)
+    folder.mkdir()
+    folder.chmod(0o700)  # an existing folder must already be private; it is never chmodded
     path = folder / "w.sock"
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(path))  # a socket file nobody listens on: what a killed worker leaves
@@ -115,3 +116,39 @@ def test_usage_errors_exit_2_with_one_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--uds" in proc.stderr
+
+
+def run_worker_until_exit(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sr", "worker", *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+
+
+def test_a_port_in_use_exits_1_with_one_line_naming_the_bind(tiny_model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = run_worker_until_exit(["--artifact", str(tiny_model_dir), "--port", str(port)])
+    assert proc.returncode == 1
+    failures = [line for line in proc.stderr.splitlines() if not line.startswith("{")]
+    assert failures == [f"sr worker: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert proc.stdout == ""  # never claimed to be listening
+
+
+def test_a_shared_socket_folder_exits_2_and_keeps_its_mode(tmp_path, tiny_model_dir):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o755)
+    proc = run_worker_until_exit(
+        ["--artifact", str(tiny_model_dir), "--uds", str(folder / "w.sock")]
+    )
+    assert proc.returncode == 2
+    failures = [line for line in proc.stderr.splitlines() if not line.startswith("{")]
+    assert failures == [
+        f"sr worker: --uds: the socket folder {folder} is shared (mode 755); use a private folder"
+    ]
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755
