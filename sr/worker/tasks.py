@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from sr.errors import InvalidRequest, RequestTooLarge
+from sr.errors import InvalidRequest, ModelNotFound, RequestTooLarge
 from sr.worker import validation as v
 
 ZERO_SHOT_TEMPERATURE = 0.05
@@ -40,7 +40,7 @@ class Tasks:
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
-        model_name = v.optional_model(body)
+        model_name = self._served_model(body)
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise InvalidRequest("encoding_format: expected 'float' or 'base64'")
@@ -56,14 +56,14 @@ class Tasks:
         ]
         return {
             "object": "list",
-            "model": model_name or self.artifact,
+            "model": model_name,
             "data": data,
             "usage": usage,
         }
 
     async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_CLASSIFY_FIELDS, required=("input",))
-        model_name = v.optional_model(body)
+        model_name = self._served_model(body)
         texts, fields = v.inputs(body["input"])
         if "labels" in body:
             labels = v.text_map(body["labels"], "labels", limit=v.MAX_LABELS)
@@ -96,11 +96,11 @@ class Tasks:
                     "probabilities": dict(zip(keys, probabilities, strict=True)),
                 }
             )
-        return {"model": model_name or self.artifact, "results": results, "usage": usage}
+        return {"model": model_name, "results": results, "usage": usage}
 
     async def decisions(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_DECISIONS_FIELDS, required=("state", "questions"))
-        model_name = v.optional_model(body)
+        model_name = self._served_model(body)
         state = v.text(body["state"], "state")
         questions = body["questions"]
         if not isinstance(questions, dict) or not questions:
@@ -121,16 +121,21 @@ class Tasks:
             )
             if question["type"] != "choice":
                 raise InvalidRequest(f"{where}.type: expected 'choice'")
-            query = state
+            query, query_field = state, "state"
             if "instructions" in question:
                 instructions = v.text(question["instructions"], f"{where}.instructions")
-                query = f"{instructions}\n{state}"
+                query, query_field = f"{instructions}\n{state}", f"{where} (instructions + state)"
             criteria = v.text_map(question["criteria"], f"{where}.criteria", limit=v.MAX_CRITERIA)
             layout.append((qid, len(texts), list(criteria)))
             texts.append(query)
-            fields.append("state" if query is state else f"{where}.instructions")
+            fields.append(query_field)
             texts.extend(criteria.values())
             fields.extend(f"{where}.criteria.{key}" for key in criteria)
+        if self.overflow == "reject" and "state" not in fields:
+            # Every query row is instructions + state; a state too long on its own must be
+            # named as such, not blamed on the first question's instructions.
+            (state_ids,) = await self._tokenize([state])
+            self._check_length(state_ids, "state")
         rows, usage = await self._rows(texts, fields)
         vectors = await self.engine.compute("embed", rows)  # every question, one submission
         answers = {}
@@ -148,23 +153,16 @@ class Tasks:
                 "probabilities": dict(zip(keys, probabilities, strict=True)),
                 "confidence": probabilities[best],
             }
-        return {"model": model_name or self.artifact, "answers": answers, "usage": usage}
+        return {"model": model_name, "answers": answers, "usage": usage}
 
     async def _rows(self, texts: list[str], fields: list[str]) -> tuple[list[list[int]], dict]:
         """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""
-        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
-            rows = await trio.to_thread.run_sync(self.model.tokenize, texts)
-        else:
-            rows = self.model.tokenize(texts)
+        rows = await self._tokenize(texts)
         limit = self.max_input_tokens
         truncated: list[str] = []
         for index, ids in enumerate(rows):
             if len(ids) > limit:
-                if self.overflow == "reject":
-                    raise InvalidRequest(
-                        f"{fields[index]}: {len(ids)} tokens exceed input.max_tokens {limit} "
-                        "(overflow: reject)"
-                    )
+                self._check_length(ids, fields[index])
                 rows[index] = self.model.truncate(ids, limit)
                 truncated.append(fields[index])
         tokens = sum(map(len, rows))
@@ -172,6 +170,31 @@ class Tasks:
         if truncated:
             usage["truncated_inputs"] = truncated
         return rows, usage
+
+    def _served_model(self, body: dict[str, Any]) -> str:
+        """The model the answer names: the body's, which must be this worker's artifact
+        (answering for another model would be a silent lie; the router always names the
+        artifact), else the artifact. A trailing slash does not count, as in the pool's card
+        check, and the caller's spelling is echoed so the router's answer rewrite finds it."""
+        name = v.optional_model(body)
+        if name is not None and name.rstrip("/") != self.artifact.rstrip("/"):
+            raise ModelNotFound(
+                f"model: {name!r} is not served here; this worker serves {self.artifact!r}"
+            )
+        return name or self.artifact
+
+    async def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
+            return await trio.to_thread.run_sync(self.model.tokenize, texts)
+        return self.model.tokenize(texts)
+
+    def _check_length(self, ids: list[int], field: str) -> None:
+        """Under overflow: reject, a row over the limit is the caller's error."""
+        limit = self.max_input_tokens
+        if len(ids) > limit and self.overflow == "reject":
+            raise InvalidRequest(
+                f"{field}: {len(ids)} tokens exceed input.max_tokens {limit} (overflow: reject)"
+            )
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

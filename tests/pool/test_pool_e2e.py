@@ -34,9 +34,7 @@ def rows(core):
 
 
 async def embed(core) -> str:
-    reply = await core.request_raw(
-        "tiny", "/v1/embeddings", b'{"model": "tiny", "input": "hello"}', timeout_s=10
-    )
+    reply = await core.request_raw("tiny", "/v1/embeddings", b'{"input": "hello"}', timeout_s=10)
     assert reply.status == 200, reply.body
     return reply.replica_id
 

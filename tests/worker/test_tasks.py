@@ -139,6 +139,54 @@ async def test_overflow_truncate_reports_in_usage(tiny_model_dir):
     assert answer["data"][1]["embedding"] == cut["data"][0]["embedding"]
 
 
+def _one_question(state: str, instructions: str) -> dict:
+    question = {"type": "choice", "instructions": instructions, "criteria": {"a": "one"}}
+    return {"state": state, "questions": {"q": question}}
+
+
+async def test_decisions_reject_names_an_overlong_state_not_the_instructions(tiny_model_dir):
+    opts = options(tiny_model_dir, max_tokens=8)
+    async with running(opts, golden_check_fn=passing_golden) as service:
+        long_state = "one two three four five six seven"  # 9 tokens on its own
+        status, answer = await post(service, "/v1/decisions", _one_question(long_state, "short"))
+        assert status == 400
+        assert answer["error"]["message"].startswith("state: 9 tokens exceed")
+        # a short state that only overflows once the instructions are prepended
+        status, answer = await post(
+            service, "/v1/decisions", _one_question("short", "one two three four five six")
+        )
+    assert status == 400
+    assert answer["error"]["message"].startswith("questions.q (instructions + state): ")
+
+
+async def test_decisions_truncate_names_the_combined_row(tiny_model_dir):
+    opts = options(tiny_model_dir, max_tokens=8, overflow="truncate")
+    async with running(opts, golden_check_fn=passing_golden) as service:
+        status, answer = await post(
+            service, "/v1/decisions", _one_question("short", "one two three four five six")
+        )
+    assert status == 200
+    assert answer["usage"]["truncated_inputs"] == ["questions.q (instructions + state)"]
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/embeddings", {"input": "x"}),
+        ("/v1/classify", {"input": "x", "labels": {"a": "one", "b": "two"}}),
+        ("/v1/decisions", _one_question("short", "one")),
+    ],
+)
+async def test_a_body_naming_another_model_is_404(worker, path, body):
+    status, answer = await post(worker, path, {**body, "model": "someone/else"})
+    assert status == 404 and answer["error"]["code"] == "model_not_found"
+    assert "'someone/else'" in answer["error"]["message"]
+    assert repr(worker.options.artifact) in answer["error"]["message"]
+    for name in (worker.options.artifact, worker.options.artifact + "/"):
+        status, answer = await post(worker, path, {**body, "model": name})
+        assert status == 200 and answer["model"] == name
+
+
 async def test_zero_shot_classify_probabilities(worker):
     labels = {"greeting": "hello there", "billing": "invoice payment"}
     status, answer = await post(
