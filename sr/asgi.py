@@ -92,11 +92,17 @@ async def send_response(
     headers: Iterable[tuple[bytes, bytes]] = (),
     content_type: bytes = b"application/json",
 ) -> None:
+    """One answer with its length declared: without Content-Length hypercorn frames the body
+    as chunked, a third socket write per answer (head, chunk, terminator)."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type), *headers],
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -20,7 +20,6 @@ import trio
 
 from sr.asgi import (
     DEFAULT_MAX_BODY_BYTES,
-    JSON_CONTENT_TYPE,
     ClientDisconnected,
     Receive,
     Send,
@@ -203,7 +202,7 @@ class RouterApp:
                     outcome = "cached"
                     self.metrics.cache_hits.labels(deployment).inc()
                     answer = answer_with_public_model(cached, artifact, model)
-                    await _send_answer(send, 200, answer, b"cache")
+                    await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
             reply = await self._dispatch(
                 receive, deployment, route, forward_body(body, artifact), timeout_s
@@ -217,7 +216,9 @@ class RouterApp:
             if 200 <= reply.status < 300:
                 outcome = "ok"
                 answer = answer_with_public_model(answer, artifact, model)
-            await _send_answer(send, reply.status, answer, str(reply.replica_id).encode())
+            await send_response(
+                send, reply.status, answer, [(REPLICA_HEADER, str(reply.replica_id).encode())]
+            )
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
             await send_error(send, error)
@@ -333,24 +334,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
-
-
-async def _send_answer(send: Send, status: int, body: bytes, replica: bytes) -> None:
-    """A native route's answer with its length declared. Without Content-Length hypercorn
-    frames the body as chunked, which costs a third socket write per answer (head, chunk,
-    terminator); with it, the end of the message writes nothing."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                JSON_CONTENT_TYPE,
-                (b"content-length", str(len(body)).encode()),
-                (REPLICA_HEADER, replica),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _method_not_allowed(send: Send, allowed: str) -> None:
