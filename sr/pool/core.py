@@ -34,6 +34,7 @@ from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.replica import ReplicaRunner
 from sr.pool.state import ReplicaState
+from sr.private_folder import ensure_private_folder
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
@@ -313,8 +314,7 @@ async def open_router(
         worker_factory = WorkerService
     own_dir = run_dir is None
     path = Path(tempfile.mkdtemp(prefix="sr-")) if own_dir else Path(run_dir)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
+    ensure_private_folder(path, label="run_dir: the worker socket folder")
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:

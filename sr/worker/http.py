@@ -16,6 +16,7 @@ from hypercorn.trio import serve
 
 from sr.asgi import ClientDisconnected, read_body, request_headers, serve_lifespan
 from sr.errors import RequestError, UsageError
+from sr.private_folder import ensure_private_folder
 from sr.worker.service import JSON_HEADERS, WorkerService
 from sr.worker.validation import MAX_BODY_BYTES
 
@@ -60,7 +61,7 @@ def prepare_uds(path: str) -> None:
     must not lock everyone out of /tmp): it must already belong to this user and be closed to
     group and others, otherwise the socket would be reachable by other local users."""
     target = Path(path)
-    _private_folder(target.parent)
+    ensure_private_folder(target.parent, label="--uds: the socket folder")
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
@@ -77,29 +78,6 @@ def prepare_uds(path: str) -> None:
     finally:
         probe.close()
     raise UsageError(f"--uds: {path} is in use by a running process")
-
-
-def _private_folder(folder: Path) -> None:
-    try:
-        os.makedirs(folder, mode=0o700)
-    except FileExistsError:
-        pass
-    else:
-        os.chmod(folder, 0o700)  # makedirs' mode is masked by the umask; ours only, just made
-        return
-    info = os.stat(folder)
-    if not stat.S_ISDIR(info.st_mode):
-        raise UsageError(f"--uds: the socket folder {folder} is not a directory")
-    if info.st_uid != os.geteuid():
-        raise UsageError(
-            f"--uds: the socket folder {folder} belongs to uid {info.st_uid}, not to this user "
-            f"(uid {os.geteuid()}); use a private folder"
-        )
-    if info.st_mode & 0o077:
-        raise UsageError(
-            f"--uds: the socket folder {folder} is shared "
-            f"(mode {stat.S_IMODE(info.st_mode):o}); use a private folder"
-        )
 
 
 async def serve_worker(
