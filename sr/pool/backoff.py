@@ -3,7 +3,8 @@
 * Request backoff: a `failed` or `timeout` outcome takes the replica out of dispatch for
   0.1 s, doubling per consecutive bad outcome up to 3.2 s; an `ok` clears it.
 * Restart backoff: a managed worker that exits is restarted after 1 s, doubling to 60 s;
-  the delay resets once the worker has run healthy (ready) for 2 minutes.
+  the delay resets once the worker has run healthy (ready, without a break) for 2 minutes.
+  Time spent out of READY (unreachable, loading again, ...) never counts as healthy.
 """
 
 from __future__ import annotations
@@ -43,21 +44,31 @@ class RestartBackoff:
     def __init__(self) -> None:
         self.step = 0
         self.restarts = 0
-        self.healthy_since: float | None = None
+        self.healthy_since: float | None = None  # start of the current READY stretch
+        self.was_ready = False  # this incarnation became ready at least once
 
     def became_ready(self, now: float) -> None:
+        self.was_ready = True
         if self.healthy_since is None:
             self.healthy_since = now
 
+    def left_ready(self, now: float) -> None:
+        """The replica left READY at `now`: its healthy stretch ends here."""
+        self._end_stretch(now)
+
     def exited(self, now: float) -> float:
         """The worker exited at `now`; returns how long to wait before starting it again."""
+        self._end_stretch(now)
+        self.was_ready = False
+        delay = doubling(RESTART_BACKOFF_BASE_S, RESTART_BACKOFF_MAX_S, self.step)
+        self.step += 1
+        self.restarts += 1
+        return delay
+
+    def _end_stretch(self, now: float) -> None:
         if (
             self.healthy_since is not None
             and now - self.healthy_since >= RESTART_RESET_AFTER_HEALTHY_S
         ):
             self.step = 0
         self.healthy_since = None
-        delay = doubling(RESTART_BACKOFF_BASE_S, RESTART_BACKOFF_MAX_S, self.step)
-        self.step += 1
-        self.restarts += 1
-        return delay

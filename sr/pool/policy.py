@@ -6,11 +6,13 @@ passed in, so it survives reloads). Choice and reservation happen in one synchro
 no await can slip between them, so admission never overshoots `MAX_INFLIGHT`.
 
 There is no queue: when every ready replica is full the caller gets `Overloaded`; when
-none is ready (all in backoff, starting, failed, ...) `Unavailable`.
+none is ready (all in backoff, starting, failed, ...) `Unavailable`; when ready replicas
+exist but all are backing off, that `Unavailable` says so and carries `Retry-After`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from sr.config.schema import OutlierDetection
@@ -106,6 +108,18 @@ class DeploymentPolicy:
                 f"deployment {self.name!r}: every ready replica has "
                 f"{self.max_inflight} requests in flight"
             )
+        backing_off = [
+            r.backoff.until
+            for r in self.records
+            if r.lifecycle is ReplicaState.READY and not r.retired and now < r.backoff.until
+        ]
+        if backing_off:
+            wait = min(backing_off) - now
+            raise Unavailable(
+                f"deployment {self.name!r}: every ready replica is backing off after "
+                f"failures (next in {wait:.1f}s)",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
         raise Unavailable(f"deployment {self.name!r} has no ready replica")
 
     # -- outcomes -------------------------------------------------------------------
@@ -159,7 +173,9 @@ class DeploymentPolicy:
     def set_lifecycle(
         self, rec: ReplicaRecord, new: ReplicaState, now: float, reason: str | None = None
     ) -> None:
-        if check_transition(rec.lifecycle, new) or reason != rec.reason:
+        if check_transition(rec.lifecycle, new, attached=rec.attached) or reason != rec.reason:
+            if rec.lifecycle is ReplicaState.READY and new is not ReplicaState.READY:
+                rec.restart.left_ready(now)
             rec.lifecycle = new
             rec.reason = reason
             if new is ReplicaState.READY:

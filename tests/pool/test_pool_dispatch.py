@@ -148,3 +148,46 @@ def test_restart_backoff_doubles_to_60_and_resets_after_two_healthy_minutes():
     rb.became_ready(300.0)
     assert rb.exited(now=420.0) == 1
     assert rb.restarts == 10
+
+
+def test_every_ready_replica_backing_off_says_so_with_retry_after(make_policy):
+    policy, _records, _ = make_policy(2)
+    for now in (0, 0, 0.1, 0.1):  # both fail twice: backing off until 0.1, then 0.3
+        policy.release(policy.reserve(1, now=now), Outcome.FAILED, now=now)
+    with pytest.raises(Unavailable) as info:
+        policy.reserve(1, now=0.2)
+    assert str(info.value) == (
+        "deployment 'd': every ready replica is backing off after failures (next in 0.1s)"
+    )
+    assert info.value.code == "unavailable"
+    assert info.value.headers == {"Retry-After": "1"}
+
+
+def test_no_ready_replica_message_is_unchanged_and_has_no_retry_after(make_policy):
+    policy, _records, _ = make_policy(2, ready=False)
+    with pytest.raises(Unavailable, match="has no ready replica") as info:
+        policy.reserve(1, now=0)
+    assert info.value.headers == {}
+
+
+def test_restart_backoff_counts_only_time_spent_ready(make_policy):
+    policy, records, _ = make_policy(1, ready=False)
+    rec = records[0]
+    for i in range(3):
+        rec.restart.exited(now=float(i))  # next delay would be 8 s
+    policy.set_lifecycle(rec, ReplicaState.READY, 10.0)
+    policy.set_lifecycle(rec, ReplicaState.UNREACHABLE, 20.0, "connection refused")
+    assert rec.restart.healthy_since is None
+    policy.set_lifecycle(rec, ReplicaState.READY, 200.0)
+    # 10 s + 50 s healthy, never 2 minutes in a row: no reset despite 240 s since first ready
+    assert rec.restart.exited(now=250.0) == 8
+
+
+def test_restart_backoff_resets_after_a_long_healthy_stretch_that_then_broke(make_policy):
+    policy, records, _ = make_policy(1, ready=False)
+    rec = records[0]
+    for i in range(3):
+        rec.restart.exited(now=float(i))
+    policy.set_lifecycle(rec, ReplicaState.READY, 10.0)
+    policy.set_lifecycle(rec, ReplicaState.UNREACHABLE, 140.0, "connection refused")
+    assert rec.restart.exited(now=141.0) == 1  # the 130 s ready stretch counts
