@@ -19,7 +19,7 @@ from sr.errors import DeadlineExceeded, Overloaded, Unavailable, WorkerFailed
 from sr.pool.outcome import Outcome, outcome_of_status
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.replica import ReplicaRunner
-from sr.pool.state import TERMINAL, ReplicaState
+from sr.pool.state import ReplicaState, is_terminal
 from sr.pool.transport import TransportError
 
 
@@ -159,8 +159,10 @@ class DeploymentPool:
         return any(r.record.lifecycle is ReplicaState.READY for r in self.runners.values())
 
     def all_terminal(self) -> bool:
+        """Every replica is terminal (attached ones never are: sr.pool.state)."""
         return bool(self.runners) and all(
-            r.record.lifecycle in TERMINAL for r in self.runners.values()
+            is_terminal(r.record.lifecycle, attached=r.record.attached)
+            for r in self.runners.values()
         )
 
 

@@ -3,12 +3,15 @@
 Three kinds, one task shape:
 * managed — starts `python -m sr worker ... --uds PATH` (argv list, no shell), restarts
   it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
-* attached (`endpoint`) — only probed, never started or stopped;
+* attached (`endpoint`) — only probed, never started or stopped; never terminal: when it
+  is failed, incompatible or unreachable it is probed at the slow cadence until the
+  operator's worker comes back (sr.pool.state);
 * in-process — a `WorkerService` run in this task's nursery, called directly.
 
 The prober polls `/health` fast while the replica is not ready and slowly once it is, and
-at once when the pool asks (after a failed or timed-out request). On the first ready
-answer of each incarnation it reads the card (`/v1/models`) for threads and engine caps.
+at once when the pool asks (after a failed or timed-out request). Whenever the replica
+turns ready it reads the card (`/v1/models`) for threads, artifact and engine caps (an
+attached worker may have been replaced by another while we were not looking).
 """
 
 from __future__ import annotations
@@ -64,7 +67,11 @@ def worker_env() -> dict[str, str]:
 
 
 def incompatibility(deployment: Deployment, card: dict) -> str | None:
-    """Why a worker's card does not match the deployment's engine caps, or None."""
+    """Why a worker's card does not match the deployment's artifact or engine caps, or
+    None. A card that names no artifact is not held against the worker."""
+    served = card.get("artifact") or card.get("id")
+    if served is not None and str(served).rstrip("/") != deployment.artifact.rstrip("/"):
+        return f"artifact: deployment serves {deployment.artifact!r}, worker serves {served!r}"
     limits = card.get("limits") or {}
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         wanted = getattr(deployment, key)
@@ -84,6 +91,7 @@ class ReplicaRunner:
         threads: int,
         run_dir: Path,
         worker_factory: Callable[[Any], Any] | None = None,
+        connect_endpoint: Callable[[str], Transport] | None = None,
     ) -> None:
         self.record = record
         self.placement = placement
@@ -92,6 +100,7 @@ class ReplicaRunner:
         self.threads = threads
         self.run_dir = run_dir
         self.worker_factory = worker_factory
+        self.connect_endpoint = connect_endpoint or _http_endpoint
         self.transport: Transport | None = None
         self.cancel_scope = trio.CancelScope()
         self.done = trio.Event()
@@ -108,7 +117,7 @@ class ReplicaRunner:
         try:
             with self.cancel_scope:
                 if self.placement.attached:
-                    await self._serve(HttpTransport(base_url=self.placement.endpoint))
+                    await self._serve(self.connect_endpoint(self.placement.endpoint))
                 elif self.worker_factory is not None:
                     await self._run_in_process()
                 else:
@@ -196,7 +205,7 @@ class ReplicaRunner:
         """A managed worker exited on its own: restart after backoff, or give up (False)."""
         rec = self.record
         now = trio.current_time()
-        if rec.restart.healthy_since is None:
+        if not rec.restart.was_ready:
             rec.early_exits += 1
         last = self._last_stderr_line()
         why = f"worker exited with status {code}" + (f": {last}" if last else "")
@@ -216,38 +225,42 @@ class ReplicaRunner:
 
     # -- probing --------------------------------------------------------------------
     async def _serve(self, transport: Transport) -> str:
-        """Probe until the replica is terminal; returns "failed" (never returns otherwise
-        except by cancellation: an incompatible replica keeps its process, idle)."""
+        """Probe until the replica is terminal; returns "failed". Never returns otherwise
+        except by cancellation: an incompatible managed replica keeps its process, idle,
+        and an attached replica is never terminal (it is re-probed until it recovers)."""
         rec = self.record
+        attached = self.placement.attached
         self.transport = transport
-        card_read = False
         try:
             while True:
                 self._probe_now = trio.Event()
                 state, reason = await self._probe(transport)
-                if state is S.FAILED:
-                    self._set(S.FAILED, reason)
+                if state is S.READY and (rec.lifecycle is not S.READY or _still_learning(rec.card)):
+                    state, reason = await self._check_card(transport)
+                if state in (S.FAILED, S.INCOMPATIBLE) and not attached:
+                    self._set(state, reason)
+                    if state is S.INCOMPATIBLE:
+                        await trio.sleep_forever()
                     return "failed"
-                if state is S.READY and (not card_read or _still_learning(rec.card)):
-                    card = await self._read_card(transport)
-                    card_read = card is not None
-                    if card is not None:
-                        rec.card = card
-                        rec.threads = card.get("threads", rec.threads)
-                        why = incompatibility(self.deployment, card)
-                        if why is not None:
-                            self._set(S.INCOMPATIBLE, why)
-                            await trio.sleep_forever()
-                    else:
-                        state, reason = S.UNREACHABLE, "could not read the model card"
                 self._set(state, reason)
-                interval = PROBE_READY_S if state is S.READY else PROBE_NOT_READY_S
-                with trio.move_on_after(interval):
+                slow = state is S.READY or (attached and state in _ATTACHED_SLOW)
+                with trio.move_on_after(PROBE_READY_S if slow else PROBE_NOT_READY_S):
                     await self._probe_now.wait()
         finally:
             with trio.CancelScope(shield=True):
-                if self.placement.attached:
+                if attached:
                     await transport.aclose()
+
+    async def _check_card(self, transport: Transport) -> tuple[ReplicaState, str | None]:
+        """Read the card of a replica whose /health says ready; the state it really is in."""
+        card = await self._read_card(transport)
+        if card is None:
+            return S.UNREACHABLE, "could not read the model card"
+        rec = self.record
+        rec.card = card
+        rec.threads = card.get("threads", rec.threads)
+        why = incompatibility(self.deployment, card)
+        return (S.READY, None) if why is None else (S.INCOMPATIBLE, why)
 
     async def _probe(self, transport: Transport) -> tuple[ReplicaState, str | None]:
         with trio.move_on_after(PROBE_TIMEOUT_S):
@@ -311,6 +324,14 @@ class ReplicaRunner:
             ln for ln in self._stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()
         ]
         return lines[-1].strip()[:300] if lines else ""
+
+
+# attached replicas in these states wait for their operator: probe them at the slow cadence
+_ATTACHED_SLOW = frozenset({S.FAILED, S.INCOMPATIBLE, S.UNREACHABLE})
+
+
+def _http_endpoint(url: str) -> Transport:
+    return HttpTransport(base_url=url)
 
 
 def _still_learning(card: dict | None) -> bool:

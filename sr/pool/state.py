@@ -8,8 +8,9 @@ time-bounded *overlays* that only apply while the lifecycle is READY:
     lifecycle   STARTING -> LOADING -> WARMING -> READY      (health reports progress)
                 any live state -> UNREACHABLE                 (probe cannot connect)
                 any live state -> RESTARTING -> STARTING      (managed process exited)
-                any live state -> FAILED                      (terminal, see below)
-                live -> INCOMPATIBLE                          (card's engine caps differ)
+                any live state -> FAILED                      (see *terminal* below)
+                live -> INCOMPATIBLE                          (card's artifact/caps differ)
+                FAILED, INCOMPATIBLE -> live                  (attached replicas only)
                 any state -> DRAINING                         (retired by a reload/stop)
     overlays    EJECTED  while now < ejected_until            (outlier ejection, sec. 6)
                 BACKOFF  while now < backoff_until            (failed/timeout, sec. 5)
@@ -18,12 +19,22 @@ The state shown in the inventory is the lifecycle state unless it is READY, in w
 EJECTED wins over BACKOFF wins over READY (`effective_state`).
 
 Only READY replicas are dispatched to; an EJECTED one only when nothing else can take the
-request. FAILED and DRAINING are never left except by replacing the replica (a reload
-creates a new one); INCOMPATIBLE is left only if its process exits (and restarts).
-A replica is *terminal* when it is FAILED or INCOMPATIBLE:
+request. DRAINING is never left (a reload creates a new replica).
+
+Managed and in-process replicas (`TRANSITIONS`): FAILED is never left except by replacing
+the replica; INCOMPATIBLE is left only if its process exits (and restarts). Such a replica
+is *terminal* when it is FAILED or INCOMPATIBLE, and a deployment whose replicas are all
+terminal fails startup at once:
 FAILED means the worker reported `failed` on /health (for example an artifact that does not
 resolve, or a golden check that did not pass), or a managed worker exited
 `TERMINAL_EARLY_EXITS` times in a row without ever becoming ready.
+
+Attached replicas (`ATTACHED_TRANSITIONS`) are never terminal: the operator restarts those
+workers, not the router. A failed or incompatible attached replica is reported as such and
+never dispatched to, but it is re-probed at the slow cadence and returns to a live state
+when /health (and, once ready, its card) says so. So startup does not fail fast on them
+(it waits for the ready timeout); a reload still fails at once when a replica it adds is
+failed or incompatible, since the old config keeps serving.
 """
 
 from __future__ import annotations
@@ -66,6 +77,14 @@ TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     S.DRAINING: frozenset(),
 }
 
+# Attached replicas: no process of ours to restart, so FAILED and INCOMPATIBLE are left
+# whenever a probe sees the operator's worker come back (or change its card).
+ATTACHED_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    **TRANSITIONS,
+    S.INCOMPATIBLE: frozenset(_LIVE | {S.FAILED, S.DRAINING}),
+    S.FAILED: frozenset(_LIVE | {S.INCOMPATIBLE, S.DRAINING}),
+}
+
 # what a worker's /health `status` field means for the lifecycle
 HEALTH_STATUS = {
     "ready": S.READY,
@@ -82,11 +101,17 @@ class IllegalTransition(Exception):
     pass
 
 
-def check_transition(old: ReplicaState, new: ReplicaState) -> bool:
+def is_terminal(lifecycle: ReplicaState, *, attached: bool) -> bool:
+    """True when the replica can never serve again on its own (never for attached ones)."""
+    return not attached and lifecycle in TERMINAL
+
+
+def check_transition(old: ReplicaState, new: ReplicaState, *, attached: bool = False) -> bool:
     """True if the lifecycle changes; raises if the table forbids the move."""
     if old is new:
         return False
-    if new not in TRANSITIONS[old]:
+    table = ATTACHED_TRANSITIONS if attached else TRANSITIONS
+    if new not in table[old]:
         raise IllegalTransition(f"{old.value} -> {new.value}")
     return True
 

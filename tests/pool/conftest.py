@@ -46,7 +46,8 @@ class FakeWorker:
     "fail" (500), "bad" (400), "die" (no HTTP answer, as when the process dies
     mid-request), "die_once" (only the first worker to get a request dies); `load_s` how
     long loading takes; `limits` the card's caps; `adaptive` the card's adaptive_threads;
-    `health_failed` a reason to report `failed` on /health.
+    `health_failed` a reason to report `failed` on /health; `artifact` what the card says
+    it serves (default: the artifact it was started with).
     """
 
     behaviour: typing.ClassVar[dict] = {}
@@ -75,7 +76,8 @@ class FakeWorker:
             return 503, headers, json.dumps({"status": self.state, "reason": reason}).encode()
         if path == "/v1/models":
             limits = self.behaviour.get("limits", {"max_num_seqs": 64})
-            card = {"id": self.options.artifact, "threads": self.options.threads, "limits": limits}
+            artifact = self.behaviour.get("artifact", self.options.artifact)
+            card = {"id": artifact, "threads": self.options.threads, "limits": limits}
             if "adaptive" in self.behaviour:
                 card["adaptive_threads"] = self.behaviour["adaptive"]
             return 200, headers, json.dumps({"object": "list", "data": [card]}).encode()
@@ -100,6 +102,41 @@ def fake_worker():
     FakeWorker.instances = []
     yield FakeWorker
     FakeWorker.behaviour = {}
+
+
+class FakeEndpoint:
+    """An attached worker the operator runs: the test sets what /health and the card say.
+
+    `health` is "ready", a progress status, "failed" or "down" (no connection at all);
+    `artifact` is what the card reports; `probes` counts /health requests."""
+
+    def __init__(self, artifact: str = "/models/tiny") -> None:
+        self.health = "ready"
+        self.reason = "operator stopped it"
+        self.artifact = artifact
+        self.probes = 0
+        self.served = 0
+
+    async def handle(self, method: str, path: str, body: bytes):
+        headers = [(b"content-type", b"application/json")]
+        if self.health == "down":
+            raise TransportError("connection refused")
+        if path == "/health":
+            self.probes += 1
+            if self.health == "ready":
+                return 200, headers, b'{"status":"ready"}'
+            answer = {"status": self.health, "reason": self.reason}
+            return 503, headers, json.dumps(answer).encode()
+        if path == "/v1/models":
+            card = {"id": self.artifact, "artifact": self.artifact, "threads": 3, "limits": {}}
+            return 200, headers, json.dumps({"object": "list", "data": [card]}).encode()
+        self.served += 1
+        return 200, headers, b"{}"
+
+
+@pytest.fixture
+def fake_endpoint():
+    return FakeEndpoint()
 
 
 def config_with(*deployments) -> SrConfig:

@@ -143,6 +143,18 @@ async def test_incompatible_replica_is_shown_and_never_dispatched(
         assert row["state"] == "incompatible" and "worker reports 32" in row["reason"]
 
 
+async def test_worker_serving_another_artifact_is_incompatible(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["artifact"] = "/models/other"
+    cfg = configs.config_with(("d", configs.cpu(1)))
+    async with router(cfg, fake_worker, tmp_path) as core:
+        with pytest.raises(StartupFailed, match="artifact: deployment serves '/models/tiny'"):
+            await core.wait_ready(5)
+        row = core.inventory()["deployments"]["d"]["replicas"][0]
+        assert row["state"] == "incompatible" and "'/models/other'" in row["reason"]
+
+
 async def test_startup_fails_fast_when_every_replica_fails(
     fake_worker, configs, tmp_path, autojump_clock
 ):
