@@ -1,4 +1,6 @@
-"""Chaos harness: an `sr serve` subprocess with real workers, faults, bounded load, reports.
+"""Chaos harness: bounded load against an `sr serve` subprocess, checks and reports.
+
+The process itself is `tests.serve_process.ServeProcess`.
 
 Everything is loopback and bounded: every wait has a deadline, every request a client
 timeout a little past its own deadline, so a hung request shows up as `lost`, never as a
@@ -10,10 +12,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,9 +20,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
-import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED = {  # SPEC section 8: status -> the error codes that status may carry
     400: {"invalid_request"},
     401: {"invalid_api_key"},
@@ -35,148 +31,6 @@ DOCUMENTED = {  # SPEC section 8: status -> the error codes that status may carr
     504: {"timeout"},
 }
 CLIENT_SLACK_S = 3.0  # a request still unanswered this long past its deadline is lost
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def deployment_config(
-    artifact: Path,
-    replicas: int,
-    *,
-    timeout_ms: int | None = None,
-    outlier: dict[str, int] | None = None,
-    api_keys: list[str] | None = None,
-) -> dict[str, Any]:
-    primary: dict[str, Any] = {
-        "artifact": str(artifact),
-        "replicas": [{"device": "cpu"} for _ in range(replicas)],
-    }
-    if timeout_ms is not None:
-        primary["timeout_ms"] = timeout_ms
-    if outlier is not None:
-        primary["outlier_detection"] = outlier
-    return {
-        "global": {
-            "model_catalog": {
-                "deployments": {"primary": primary},
-                "system": {"decision_model": {"deployment": "primary"}},
-            }
-        },
-        "listeners": [{"host": "127.0.0.1", "port": 8899, "api_keys": api_keys or []}],
-    }
-
-
-class ServeProcess:
-    """`python -m sr serve` on a free loopback port, with SR_FAULT_INJECTION=1."""
-
-    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None):
-        self.workdir = workdir
-        self.config_path = workdir / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),
-            "VLLM_SRUN_CPU_THREADS": "1",
-            "VLLM_SRUN_READY_TIMEOUT": "60s",
-            "SR_FAULT_INJECTION": "1",
-            **(env or {}),
-        }
-        self.proc: subprocess.Popen | None = None
-        self.headers: dict[str, str] = {}
-        self.seen_pids: set[int] = set()  # every worker pid the inventory ever showed
-
-    def start(self, timeout_s: float = 60.0, all_ready: bool = True) -> ServeProcess:
-        argv = [sys.executable, "-m", "sr", "serve", "--config", str(self.config_path)]
-        argv += ["--port", str(self.port)]
-        out_path, err_path = self.workdir / "stdout.txt", self.workdir / "stderr.txt"
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                argv, cwd=self.workdir, env=self.env, stdout=out, stderr=err
-            )
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(base_url=self.url, timeout=5.0, headers=self.headers) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"sr serve exited {self.proc.returncode}: {self.logs()}")
-                try:
-                    if client.get("/ready").status_code == 200:
-                        if not all_ready:
-                            return self
-                        rows = client.get("/api/v1/inventory/model-runtime").json()
-                        replicas = self._note(rows["deployments"]["primary"]["replicas"])
-                        if all(r["state"] == "ready" for r in replicas):
-                            return self
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
-        raise AssertionError(f"sr serve not ready in {timeout_s}s: {self.logs()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        out = (self.workdir / "stdout.txt").read_text(errors="replace")
-        err = (self.workdir / "stderr.txt").read_text(errors="replace")
-        return f"\n--- stdout\n{out[-2000:]}\n--- stderr\n{err[-4000:]}"
-
-    def stderr_text(self) -> str:
-        return (self.workdir / "stderr.txt").read_text(errors="replace")
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        """The router's JSON event lines named `name`, in order."""
-        found = []
-        for line in self.stderr_text().splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("event") == name:
-                found.append(record)
-        return found
-
-    # -- sync views (outside load) ----------------------------------------------------
-    def inventory(self) -> dict[str, Any]:
-        with httpx.Client(base_url=self.url, timeout=5.0, headers=self.headers) as client:
-            return client.get("/api/v1/inventory/model-runtime").json()
-
-    def replicas(self) -> list[dict[str, Any]]:
-        return self._note(self.inventory()["deployments"]["primary"]["replicas"])
-
-    async def replicas_async(self, client: httpx.AsyncClient) -> list[dict[str, Any]]:
-        answer = await client.get("/api/v1/inventory/model-runtime")
-        return self._note(answer.json()["deployments"]["primary"]["replicas"])
-
-    def _note(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.seen_pids.update(r["pid"] for r in rows if r.get("pid"))
-        return rows
-
-
-# -- async views -------------------------------------------------------------------------
 
 
 async def wait_until(
@@ -191,22 +45,6 @@ async def wait_until(
                 return last
             await trio.sleep(poll_s)
     raise AssertionError(f"not within {timeout_s}s: {what}; last: {last!r}")
-
-
-# -- faults --------------------------------------------------------------------------------
-def worker_socket(pid: int) -> str:
-    """The Unix socket a managed worker listens on, read from its command line."""
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return args[args.index(b"--uds") + 1].decode()
-
-
-async def set_worker_fault(pid: int, mode: str, slow_ms: int = 0) -> dict[str, Any]:
-    """`POST /admin/faults` straight at a worker's socket (the worker's own contract)."""
-    transport = httpx.AsyncHTTPTransport(uds=worker_socket(pid))
-    async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=5) as c:
-        answer = await c.post("/admin/faults", json={"mode": mode, "slow_ms": slow_ms})
-        answer.raise_for_status()
-        return answer.json()
 
 
 # -- load ----------------------------------------------------------------------------------
@@ -342,13 +180,3 @@ def report(scenario: str, results: list[Result], **extra: Any) -> dict[str, Any]
         rows = [r for r in rows if r.get("scenario") != scenario] + [row]
         path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     return row
-
-
-def wait_gone(pids: Iterable[int], timeout_s: float = 5.0) -> list[int]:
-    """The pids still alive after up to `timeout_s` (an empty list once all are gone)."""
-    deadline = time.monotonic() + timeout_s
-    alive = [p for p in pids if pid_alive(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if pid_alive(p)]
-    return alive

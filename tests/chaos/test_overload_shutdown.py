@@ -13,10 +13,9 @@ from tests.chaos.harness import (
     counts,
     one_request,
     report,
-    set_worker_fault,
     undocumented,
-    wait_gone,
 )
+from tests.serve_process import set_fault_async, wait_gone
 
 pytestmark = pytest.mark.chaos
 
@@ -42,11 +41,11 @@ async def test_three_times_the_cap_excess_is_overloaded_at_once(serve):
     process = serve(1)
     async with async_client(process.url, connections=4 * ADMISSION_CAP) as client:
         (row,) = await process.replicas_async(client)
-        await set_worker_fault(row["pid"], "slow", slow_ms)
+        await set_fault_async(row["pid"], "slow", slow_ms)
         try:
             results = await _burst(client, 3 * ADMISSION_CAP, client_timeout_s=15)
         finally:
-            await set_worker_fault(row["pid"], "none")
+            await set_fault_async(row["pid"], "none")
     tally = counts(results)
     assert undocumented(results) == [], tally
     assert tally == {"ok": ADMISSION_CAP, "overloaded": 2 * ADMISSION_CAP}, tally
@@ -70,7 +69,7 @@ async def test_sigterm_under_load_finishes_in_flight_and_leaves_no_worker(serve)
         rows = await process.replicas_async(client)
         pids = [r["pid"] for r in rows]
         for pid in pids:
-            await set_worker_fault(pid, "slow", slow_ms)
+            await set_fault_async(pid, "slow", slow_ms)
         results: list = []
         signalled_at: list[float] = []
 
@@ -87,9 +86,9 @@ async def test_sigterm_under_load_finishes_in_flight_and_leaves_no_worker(serve)
             with trio.fail_after(5):
                 while await inflight() < 24:
                     await trio.sleep(0.02)
-            process.proc.send_signal(signal.SIGTERM)
+            process.signal(signal.SIGTERM)
             signalled_at.append(time.monotonic())
-    exit_code = await trio.to_thread.run_sync(lambda: process.proc.wait(30))
+    exit_code = await trio.to_thread.run_sync(lambda: process.wait(30))
     stopped_s = time.monotonic() - signalled_at[0]
     survivors = wait_gone(pids)
     tally = counts(results)

@@ -14,11 +14,11 @@ from tests.chaos.harness import (
     counts,
     one_request,
     report,
-    set_worker_fault,
     steady_load,
     undocumented,
     wait_until,
 )
+from tests.serve_process import set_fault_async
 
 pytestmark = pytest.mark.chaos
 
@@ -83,7 +83,7 @@ async def test_hung_forwards_eject_readmit_and_double(serve):
     )
     async with async_client(process.url) as client:
         victim = (await process.replicas_async(client))[0]
-        await set_worker_fault(victim["pid"], "hang")
+        await set_fault_async(victim["pid"], "hang")
         results: list = []
 
         async def drive_until(check, limit_s: float, what: str) -> None:
@@ -124,7 +124,7 @@ async def test_hung_forwards_eject_readmit_and_double(serve):
         await wait_until(cooled, base_ms / 1000 + 3, "readmission after the cooldown")
         # on probation: its next timeout ejects it again, for twice as long
         await drive_until(lambda: len(ejections()) >= 2, 10, "the second ejection")
-        await set_worker_fault(victim["pid"], "none")
+        await set_fault_async(victim["pid"], "none")
     durations = [e["duration_ms"] for e in ejections()]
     assert durations[:2] == [base_ms, 2 * base_ms], ejections()
     tally = counts(results)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 import trio
 
-from .router_process import RouterProcess, pid_alive, set_fault, write_config
+from tests.serve_process import ServeProcess, pid_alive, serve_config, set_fault
 
 pytestmark = pytest.mark.e2e
 
@@ -18,22 +16,16 @@ EMBED = {"model": "primary", "input": ["hello world", "second"]}
 @pytest.fixture(scope="module")
 def router(tmp_path_factory, tiny_model_dir):
     workdir = tmp_path_factory.mktemp("router-e2e")
-    process = RouterProcess(workdir, env={"SR_FAULT_INJECTION": "1"})
-    # Ejection off: the fault tests time out both replicas on purpose.
-    write_config(process.config_path, tiny_model_dir, replicas=2, consecutive_timeouts=0)
+    process = ServeProcess(workdir, config(tiny_model_dir), fault_injection=True)
     process.artifact = str(tiny_model_dir)
-    process.start()
+    process.start(timeout_s=40)
     yield process
     process.stop()
 
 
-def wait_all_ready(router: RouterProcess, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(r["state"] == "ready" for r in router.replicas()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"replicas not ready: {router.replicas()}")
+def config(artifact, api_keys=None):
+    # Ejection off: the fault tests time out both replicas on purpose.
+    return serve_config(artifact, 2, outlier={"consecutive_timeouts": 0}, api_keys=api_keys)
 
 
 def test_health_ready_startup_models_inventory(router):
@@ -133,14 +125,14 @@ def test_timeout_unavailable_and_worker_failed(router):
         assert any(c.get("error", {}).get("code") == "unavailable" for c in codes), codes
         for pid in pids:
             set_fault(pid, "fail")
-        wait_all_ready(router)  # request backoff is over
+        router.wait_all_ready()  # request backoff is over
         failed = router.client.post("/v1/embeddings", json=EMBED)
         assert failed.status_code == 502
         assert failed.json()["error"]["code"] == "worker_failed"
     finally:
         for pid in pids:
             set_fault(pid, "none")
-    wait_all_ready(router)
+    router.wait_all_ready()
     assert router.client.post("/v1/embeddings", json=EMBED).status_code == 200
 
 
@@ -186,9 +178,7 @@ def test_metrics_text(router):
 
 def test_api_keys_via_reload_keep_workers(router):
     pids = sorted(router.worker_pids())
-    write_config(
-        router.config_path, router.artifact, 2, api_keys=["e2e-key"], consecutive_timeouts=0
-    )
+    router.configure(config(router.artifact, api_keys=["e2e-key"]))
     assert router.client.post("/api/v1/reload").status_code == 200
     try:
         denied = router.client.post("/v1/embeddings", json=EMBED)
@@ -203,11 +193,11 @@ def test_api_keys_via_reload_keep_workers(router):
         assert sorted(router.inventory(auth)["deployments"]["primary"]["replicas"][i]["pid"]
                       for i in range(2)) == pids  # fmt: skip
     finally:
-        write_config(router.config_path, router.artifact, 2, consecutive_timeouts=0)
+        router.configure(config(router.artifact))
         router.client.post("/api/v1/reload", headers={"Authorization": "Bearer e2e-key"})
     router.config_path.write_text("global: {typo: 1}\n")
     rejected = router.client.post("/api/v1/reload")
     assert rejected.status_code == 400
     assert rejected.json()["error"]["code"] == "invalid_config"
-    write_config(router.config_path, router.artifact, 2, consecutive_timeouts=0)
+    router.configure(config(router.artifact))
     assert router.client.post("/v1/embeddings", json=EMBED).status_code == 200

@@ -7,19 +7,18 @@ import time
 
 import pytest
 
-from .router_process import RouterProcess, pid_alive, write_config
+from tests.serve_process import ServeProcess, pid_alive, serve_config, wait_gone
 
 pytestmark = pytest.mark.e2e
 
 
 def test_sighup_scales_2_to_3_then_sigint_stops_every_worker(tmp_path, tiny_model_dir):
-    router = RouterProcess(tmp_path)
-    write_config(router.config_path, tiny_model_dir, replicas=2)
-    router.start()
+    router = ServeProcess(tmp_path, serve_config(tiny_model_dir, 2))
+    router.start(timeout_s=40)
     try:
         before = {r["id"]: r["pid"] for r in router.replicas()}
         assert len(before) == 2
-        write_config(router.config_path, tiny_model_dir, replicas=3)
+        router.configure(serve_config(tiny_model_dir, 3))
         router.signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -31,29 +30,29 @@ def test_sighup_scales_2_to_3_then_sigint_stops_every_worker(tmp_path, tiny_mode
         assert len(after) == 3, router.logs()
         assert {k: after[k] for k in before} == before  # same identities, same processes
         assert all(pid_alive(pid) for pid in after.values())
-        assert "config reloaded (primary=3)" in (tmp_path / "stdout.txt").read_text()
+        assert "config reloaded (primary=3)" in router.stdout_text()
 
         router.signal(signal.SIGINT)
         assert router.wait(30) == 0, router.logs()
-        deadline = time.monotonic() + 5
-        while any(pid_alive(p) for p in after.values()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(pid_alive(p) for p in after.values())
+        assert not wait_gone(after.values(), 5)
     finally:
         router.stop()
 
 
 def test_startup_failure_is_one_line_exit_1(tmp_path):
-    router = RouterProcess(tmp_path, env={"VLLM_SRUN_RESULT_CACHE": "lots"})
-    write_config(router.config_path, tmp_path / "no-such-model", replicas=1)
+    router = ServeProcess(
+        tmp_path,
+        serve_config(tmp_path / "no-such-model", 1),
+        env={"VLLM_SRUN_RESULT_CACHE": "lots"},
+    )
     command_started = time.monotonic()
     try:
-        router.start(ready_timeout_s=20)
+        router.start(timeout_s=20)
     except AssertionError:
         pass
     assert router.wait(20) == 1
     assert time.monotonic() - command_started < 20
-    err = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+    err = router.stderr_text().strip().splitlines()
     assert err[-1].startswith("sr serve: startup failed:")
     assert "VLLM_SRUN_RESULT_CACHE" in err[-1]
     router.stop()
@@ -64,16 +63,17 @@ def test_startup_failure_is_one_line_exit_1(tmp_path):
     [("VLLM_SRUN_CPU_THREADS", "abc"), ("VLLM_SRUN_CPU_ADAPTIVE_THREADS", "7")],
 )
 def test_bad_thread_settings_stop_sr_serve_before_any_worker(tmp_path, variable, value):
-    router = RouterProcess(tmp_path, env={variable: value})
-    write_config(router.config_path, tmp_path / "no-such-model", replicas=1)
+    router = ServeProcess(
+        tmp_path, serve_config(tmp_path / "no-such-model", 1), env={variable: value}
+    )
     try:
-        router.start(ready_timeout_s=20)
+        router.start(timeout_s=20)
     except AssertionError:
         pass
     assert router.wait(20) == 2
-    out = (tmp_path / "stdout.txt").read_text()
+    out = router.stdout_text()
     assert "replica" not in out  # refused before any worker was started
-    err = (tmp_path / "stderr.txt").read_text().strip().splitlines()
+    err = router.stderr_text().strip().splitlines()
     assert err[-1].startswith(f"sr serve: error: {variable} must be ")
     assert value in err[-1] and "Traceback" not in "\n".join(err)
     router.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.chaos.harness import ServeProcess, deployment_config, pid_alive, worker_socket
+from tests.serve_process import ServeProcess, pid_alive, serve_config, worker_socket
 
 API_KEY = "sk-hostile-7f3a9c2e5b1d"
 
@@ -15,10 +15,9 @@ def hostile_router(tmp_path_factory, tiny_model_dir):
     workdir = tmp_path_factory.mktemp("hostile")
     process = ServeProcess(
         workdir,
-        deployment_config(tiny_model_dir, 1, api_keys=[API_KEY]),
-        env={"SR_FAULT_INJECTION": "0"},
+        serve_config(tiny_model_dir, 1, api_keys=[API_KEY]),
+        headers={"Authorization": f"Bearer {API_KEY}"},
     )
-    process.headers = {"Authorization": f"Bearer {API_KEY}"}
     process.start()
     process.artifact = str(tiny_model_dir)
     process.initial_pids = sorted(r["pid"] for r in process.replicas())

@@ -18,9 +18,9 @@ from sr.pool.replica import worker_argv
 from sr.router.auth import OPEN_PATHS, ApiKeyCheck
 from sr.router.serve import _hypercorn_config
 from sr.worker.cli import parse_args
-from tests.chaos.harness import worker_socket
 from tests.hostile.conftest import API_KEY
 from tests.hostile.strategies import ROUTER_GET, ROUTER_POST
+from tests.serve_process import worker_socket
 
 
 # -- what listens where --------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_api_key_never_appears_in_router_logs(hostile_router):
         client.post("/v1/embeddings", content=b"{", headers=good)
         client.get("/metrics", headers={"Authorization": f"Bearer {API_KEY}-almost"})
         client.get("/nope", headers=good)
-    logs = hostile_router.stderr_text() + (hostile_router.workdir / "stdout.txt").read_text()
+    logs = hostile_router.stderr_text() + hostile_router.stdout_text()
     assert logs.strip(), "the router logged nothing at all: the check would be vacuous"
     assert API_KEY not in logs
     assert API_KEY[:12] not in logs

@@ -39,6 +39,43 @@ def raising(error):
     return handler
 
 
+CANCELED_LINE = (
+    'sr_requests_total{deployment="primary",outcome="canceled",route="/v1/embeddings"} 1.0'
+)
+
+
+def stalling():
+    """A handler that waits until cancelled: `(handler, started, cancelled)`."""
+    started = trio.Event()
+    cancelled: list[bool] = []
+
+    async def handler(deployment, path, raw, timeout_s):
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+
+    return handler, started, cancelled
+
+
+async def hang_up_mid_request(app, started: trio.Event) -> list:
+    """One embeddings call whose caller hangs up once the dispatch started; what it got."""
+    hang_up = trio.Event()
+    result = []
+
+    async def request():
+        body = {"model": "primary", "input": "a"}
+        result.append(await call(app, "POST", "/v1/embeddings", body, None, 1, hang_up))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request)
+        await started.wait()
+        hang_up.set()
+    return result
+
+
 async def test_embeddings_forwards_artifact_and_answers_with_public_name():
     app, core = build()
     answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "hi"})
@@ -261,35 +298,13 @@ async def test_errors_are_not_cached_and_readiness_change_clears():
 
 
 async def test_caller_hanging_up_cancels_the_dispatch():
-    started = trio.Event()
-    cancelled = []
-
-    async def slow(deployment, path, raw, timeout_s):
-        started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            cancelled.append(True)
-            raise
-
-    app, _ = build(handler=slow)
-    hang_up = trio.Event()
+    handler, started, cancelled = stalling()
+    app, _ = build(handler=handler)
     with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            result = []
-
-            async def request():
-                body = {"model": "primary", "input": "a"}
-                result.append(await call(app, "POST", "/v1/embeddings", body, None, 1, hang_up))
-
-            nursery.start_soon(request)
-            await started.wait()
-            hang_up.set()
+        result = await hang_up_mid_request(app, started)
     assert result == [None]  # nothing sent to a caller who left
     assert cancelled == [True]
-    metrics = app.metrics.render().decode()
-    line = 'sr_requests_total{deployment="primary",outcome="canceled",route="/v1/embeddings"} 1.0'
-    assert line in metrics
+    assert CANCELED_LINE in app.metrics.render().decode()
 
 
 async def test_reload_route_reports_success_and_failure():

@@ -9,7 +9,7 @@ import trio
 from sr.errors import Overloaded
 
 from .asgi_client import call
-from .test_app import build, raising
+from .test_app import CANCELED_LINE, build, hang_up_mid_request, raising, stalling
 
 
 @asynccontextmanager
@@ -51,34 +51,14 @@ async def test_answer_through_lifespan_nursery_leaves_no_watcher_behind():
 
 
 async def test_hang_up_cancels_the_dispatch_and_counts_canceled():
-    started = trio.Event()
-    cancelled = []
-
-    async def slow(deployment, path, raw, timeout_s):
-        started.set()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            cancelled.append(True)
-            raise
-
-    app, _ = build(handler=slow)
-    hang_up = trio.Event()
-    result = []
+    handler, started, cancelled = stalling()
+    app, _ = build(handler=handler)
     with trio.fail_after(5):
-        async with lifespan(app), trio.open_nursery() as requests:
-
-            async def request():
-                body = {"model": "primary", "input": "a"}
-                result.append(await call(app, "POST", "/v1/embeddings", body, None, 1, hang_up))
-
-            requests.start_soon(request)
-            await started.wait()
-            hang_up.set()
+        async with lifespan(app):
+            result = await hang_up_mid_request(app, started)
     assert result == [None]
     assert cancelled == [True]
-    line = 'sr_requests_total{deployment="primary",outcome="canceled",route="/v1/embeddings"} 1.0'
-    assert line in app.metrics.render().decode()
+    assert CANCELED_LINE in app.metrics.render().decode()
 
 
 async def test_pool_errors_still_become_wire_errors():
