@@ -1,5 +1,5 @@
-"""The worker's HTTP face: a plain ASGI callable over `WorkerService.handle`, served by
-hypercorn under Trio on a Unix socket (private 0700 folder) or loopback TCP."""
+"""The worker's HTTP face: `WorkerService.handle` served by sr's h11 server
+(sr.worker.h1_server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
 
 from __future__ import annotations
 
@@ -11,47 +11,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
-from sr.asgi import ClientDisconnected, read_body, request_headers, serve_lifespan
-from sr.errors import RequestError, UsageError
+from sr.errors import UsageError
 from sr.private_folder import ensure_private_folder
-from sr.worker.service import JSON_HEADERS, WorkerService
+from sr.worker.h1_server import H1Server, ServerLimits, open_listeners
+from sr.worker.service import WorkerService
 from sr.worker.validation import MAX_BODY_BYTES
 
 GRACEFUL_TIMEOUT_S = 5.0
 
 
-def asgi_app(service: WorkerService):
-    async def app(scope, receive, send) -> None:
-        kind = scope["type"]
-        if kind == "lifespan":
-            await serve_lifespan(receive, send)
-            return
-        if kind != "http":
-            return
-        (content_length,) = request_headers(scope, b"content-length")
-        try:
-            body = await read_body(receive, content_length, MAX_BODY_BYTES)
-        except ClientDisconnected:
-            return  # nobody is left to read an answer
-        except RequestError as error:  # too large, too slow, bad Content-Length
-            status, headers, payload = error.status, JSON_HEADERS, error.body()
-        else:
-            status, headers, payload = await service.handle(scope["method"], scope["path"], body)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [*headers, (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+def answer_then_exit(service: WorkerService):
+    """After each answer is written: the `exit` fault ends the process right there."""
+
+    def after_answer() -> None:
         if service.exit_requested:
             service.exit_process(1)
 
-    return app
+    return after_answer
 
 
 def prepare_uds(path: str) -> None:
@@ -93,34 +70,33 @@ async def serve_worker(
 
     `task_status.started(binds)` reports where it listens (e.g. `http://127.0.0.1:41234`).
     """
-    config = Config()
-    config.graceful_timeout = GRACEFUL_TIMEOUT_S
-    config.keep_alive_timeout = 75.0  # the router keeps its UDS connections open
-    config.accesslog = None
-    config.errorlog = None
-    config.include_server_header = False
     if uds is not None:
         prepare_uds(uds)
-        config.bind = [f"unix:{uds}"]
-    else:
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(service.run)
-        binds = await nursery.start(
-            _serve_then_stop,
-            asgi_app(service),
-            config,
-            shutdown_trigger or trio.sleep_forever,
-            nursery.cancel_scope,
-        )
-        task_status.started(binds)
-    if uds is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(uds)
+    server = H1Server(
+        service.handle,
+        ServerLimits(max_body_bytes=MAX_BODY_BYTES, graceful_timeout_s=GRACEFUL_TIMEOUT_S),
+        after_answer=answer_then_exit(service),
+    )
+    listeners, binds = await open_listeners(uds=uds, host=host, port=port)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await nursery.start(
+                _serve_then_stop,
+                server,
+                listeners,
+                shutdown_trigger or trio.sleep_forever,
+                nursery.cancel_scope,
+            )
+            task_status.started(binds)
+    finally:
+        if uds is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(uds)
 
 
-async def _serve_then_stop(app, config, shutdown_trigger, scope, *, task_status) -> None:
-    # hypercorn drains in-flight requests (graceful_timeout) before `serve` returns; only then
-    # is the engine cancelled, so requests already accepted get their answers.
-    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+async def _serve_then_stop(server, listeners, shutdown_trigger, scope, *, task_status) -> None:
+    # The server drains in-flight requests (graceful_timeout_s) before `serve` returns; only
+    # then is the engine cancelled, so requests already accepted get their answers.
+    await server.serve(listeners, shutdown_trigger=shutdown_trigger, task_status=task_status)
     scope.cancel()

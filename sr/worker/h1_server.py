@@ -1,0 +1,312 @@
+"""The worker's HTTP/1.1 server: h11 over trio streams, calling a handler directly (no ASGI).
+
+It exists because hypercorn cost the worker about half a millisecond of CPU per request
+(docs/benchmarks.md, bench/narrative.md), CPU that competes with the model's forwards.
+Only what the router-to-worker hop and direct callers need is here:
+
+* keep-alive, one request at a time per connection; pipelined requests are answered in
+  order (h11 buffers what arrives early, and nothing more is read while a request is served);
+* Content-Length and chunked request bodies (h11), capped in size (413, from the declared
+  length and while reading) and in time (408 when the body is not complete in time);
+* a header-size cap (431), malformed requests answered 400 and the connection closed;
+* an idle keep-alive timeout, `Connection: close` honoured, every answer with Content-Length;
+* graceful shutdown: stop accepting, close idle connections, let requests in flight finish
+  within a grace period, then cancel what is left.
+
+Any answer given before the request body was read in full closes the connection afterwards,
+since the rest of that body cannot be told apart from a next request.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from http import HTTPStatus
+from urllib.parse import unquote_to_bytes
+
+import attrs
+import h11
+import trio
+
+from sr.asgi import BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
+
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+Handler = Callable[[str, str, bytes], Awaitable[Response]]
+
+_log = logging.getLogger("sr.worker.http")
+_READ_CHUNK = 65536
+_JSON = (b"content-type", b"application/json")
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# After an early answer (413, 408) the caller may still be sending; reading (and dropping)
+# for a short while lets it see the answer instead of a reset connection.
+_LINGER_S = 1.0
+# accept() failures that mean "out of resources for now", not "listener broken".
+_ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+
+class HeadersTooLarge(RequestError):
+    status, code = 431, "request_header_fields_too_large"
+
+
+@attrs.frozen
+class ServerLimits:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = BODY_READ_TIMEOUT_S
+    max_header_bytes: int = 16 * 1024
+    # The router keeps its connections to a worker open between requests; a long idle
+    # timeout keeps the race "worker closes as the router reuses" rare.
+    keep_alive_timeout_s: float = 75.0
+    graceful_timeout_s: float = 5.0
+
+
+class _PeerGone(Exception):
+    """The caller closed or reset the connection; nobody is left to answer."""
+
+
+class H1Server:
+    """Serves `handler(method, path, body) -> (status, headers, body)` on trio listeners.
+
+    `after_answer()` runs once each answer has been written (the worker's `exit` fault).
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        limits: ServerLimits = ServerLimits(),
+        *,
+        after_answer: Callable[[], None] | None = None,
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.after_answer = after_answer
+        self.stopping = False
+        self._connections: set[_Connection] = set()
+
+    async def serve(
+        self,
+        listeners: Sequence[trio.abc.Listener],
+        *,
+        shutdown_trigger: Callable[[], Awaitable[None]] = trio.sleep_forever,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept until `shutdown_trigger` returns, then shut down gracefully."""
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(self._accept_loop, listener, connections)
+                task_status.started()
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            self.stopping = True
+            for connection in list(self._connections):
+                connection.stop_if_idle()
+            connections.cancel_scope.deadline = trio.current_time() + self.limits.graceful_timeout_s
+
+    async def _accept_loop(self, listener: trio.abc.Listener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                if error.errno not in _ACCEPT_RETRY_ERRNOS:
+                    raise
+                _log.warning("accept failed (%s); retrying shortly", error)
+                await trio.sleep(0.1)
+                continue
+            nursery.start_soon(self._serve_connection, stream)
+
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        connection = _Connection(self, stream)
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        except (_PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the caller went away; nothing to answer
+        except Exception:  # a bug here must cost one connection, never the server
+            _log.exception("connection failed")
+        finally:
+            self._connections.discard(connection)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+
+class _Connection:
+    def __init__(self, server: H1Server, stream: trio.abc.Stream) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.stream = stream
+        self.h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
+        )
+        self._idle_scope: trio.CancelScope | None = None
+        self._eof = False
+
+    def stop_if_idle(self) -> None:
+        """Shutdown: a connection waiting for its next request closes now."""
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def serve(self) -> None:
+        while not self.server.stopping:
+            request = await self._next_request()
+            if request is None:
+                return
+            keep_alive = await self._answer(request)
+            if self.server.after_answer is not None:
+                self.server.after_answer()
+            if not keep_alive or self.h11.our_state is not h11.DONE:
+                return
+            if self.h11.their_state is not h11.DONE:
+                return
+            self.h11.start_next_cycle()
+
+    async def _next_request(self) -> h11.Request | None:
+        """The next request head; None when the connection should just close (caller gone,
+        idle too long, shutting down). Malformed or oversized heads are answered here."""
+        self._idle_scope = trio.CancelScope(
+            deadline=trio.current_time() + self.limits.keep_alive_timeout_s
+        )
+        event = None
+        try:
+            with self._idle_scope:
+                event = await self._next_event()
+        except h11.RemoteProtocolError as error:
+            await self._refuse(error)
+            return None
+        finally:
+            self._idle_scope = None
+        if not isinstance(event, h11.Request):
+            return None  # idle timeout, shutdown, or the caller closed (ConnectionClosed)
+        # h11 caps a head that arrives in pieces; one that arrived whole is measured here.
+        size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+        if size > self.limits.max_header_bytes:
+            await self._refuse(HeadersTooLarge("request headers too large"))
+            return None
+        return event  # idle timeout, shutdown, or the caller closed (ConnectionClosed)
+
+    async def _answer(self, request: h11.Request) -> bool:
+        """Read the body, call the handler, write the answer. True if the connection may
+        carry another request."""
+        try:
+            method = request.method.decode("ascii")
+            target = request.target.split(b"?", 1)[0]
+            path = unquote_to_bytes(target).decode("utf-8")
+        except UnicodeDecodeError:
+            await self._refuse(InvalidRequest("request target is not valid UTF-8"))
+            return False
+        try:
+            body = await self._read_body(request)
+        except h11.RemoteProtocolError as error:
+            await self._refuse(error)
+            return False
+        except RequestError as error:  # too large, too slow
+            await self._send(error.status, [_JSON], error.body(), close=True)
+            await self._linger()
+            return False
+        try:
+            status, headers, payload = await self.server.handler(method, path, body)
+        except Exception:
+            _log.exception("handler failed on %s %s", method, path)
+            error = RequestError("the worker failed to answer")
+            status, headers, payload = error.status, [_JSON], error.body()
+        await self._send(status, headers, payload, close=self.server.stopping)
+        return True
+
+    async def _read_body(self, request: h11.Request) -> bytes:
+        limit = self.limits.max_body_bytes
+        for name, value in request.headers:
+            if name == b"content-length" and int(value) > limit:  # h11 checked it is numeric
+                raise RequestTooLarge(f"request body exceeds {limit} bytes")
+        if self.h11.they_are_waiting_for_100_continue:
+            await self.stream.send_all(self.h11.send(h11.InformationalResponse(status_code=100)))
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(self.limits.body_timeout_s):
+            while True:
+                event = await self._next_event()
+                if isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > limit:
+                        raise RequestTooLarge(f"request body exceeds {limit} bytes")
+                    chunks.append(event.data)
+                elif isinstance(event, h11.EndOfMessage):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                else:  # ConnectionClosed before the body was complete
+                    raise _PeerGone()
+        raise BodyReadTimeout(f"request body not complete within {self.limits.body_timeout_s:g}s")
+
+    async def _next_event(self):
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if self._eof:
+                raise _PeerGone()
+            data = await self.stream.receive_some(_READ_CHUNK)
+            self._eof = not data
+            self.h11.receive_data(data)
+
+    async def _refuse(self, error: h11.RemoteProtocolError | RequestError) -> None:
+        """Answer a request that cannot be served (if the caller is still there), then the
+        connection closes."""
+        if self._eof:
+            raise _PeerGone()  # e.g. closed mid-body: h11 calls that a protocol error
+        if isinstance(error, RequestError):
+            status, body = error.status, error.body()
+        elif error.error_status_hint == 431:
+            status, body = 431, HeadersTooLarge("request headers too large").body()
+        else:
+            status, body = 400, InvalidRequest(f"malformed HTTP request: {error}").body()
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self._send(status, [_JSON], body, close=True)
+            await self._linger()
+
+    async def _send(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
+    ) -> None:
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        head = h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+        await self.stream.send_all(
+            self.h11.send(head)
+            + self.h11.send(h11.Data(data=body))
+            + self.h11.send(h11.EndOfMessage())
+        )
+
+    async def _linger(self) -> None:
+        """After an early answer: stop writing, then drop what the caller still sends for a
+        moment, so that closing does not reset the connection under its unread answer."""
+        with trio.move_on_after(_LINGER_S):
+            try:
+                await self.stream.send_eof()
+                while await self.stream.receive_some(_READ_CHUNK):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def open_listeners(
+    *, uds: str | None = None, host: str = "127.0.0.1", port: int = 0
+) -> tuple[list[trio.abc.Listener], list[str]]:
+    """Listeners for a Unix socket path or a TCP host:port, and the names of what they bind
+    (`unix:PATH`, `http://HOST:PORT`; IPv6 hosts in brackets)."""
+    if uds is not None:
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        try:
+            await sock.bind(uds)
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
+        return [trio.SocketListener(sock)], [f"unix:{uds}"]
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    names = []
+    for listener in listeners:
+        bound_host, bound_port = listener.socket.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        names.append(f"http://{shown}:{bound_port}")
+    return listeners, names
