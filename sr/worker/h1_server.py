@@ -212,7 +212,8 @@ class _Connection:
             _log.exception("handler failed on %s %s", method, path)
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
-        await self._send(status, headers, payload, close=self.server.stopping)
+        head_only = request.method == b"HEAD"  # same head as GET, body never sent
+        await self._send(status, headers, payload, close=self.server.stopping, head_only=head_only)
         return True
 
     async def _read_body(self, request: h11.Request) -> bytes:
@@ -265,7 +266,13 @@ class _Connection:
             await self._linger()
 
     async def _send(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        *,
+        close: bool,
+        head_only: bool = False,
     ) -> None:
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         if close:
@@ -273,7 +280,7 @@ class _Connection:
         head = h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
         await self.stream.send_all(
             self.h11.send(head)
-            + self.h11.send(h11.Data(data=body))
+            + self.h11.send(h11.Data(data=b"" if head_only else body))
             + self.h11.send(h11.EndOfMessage())
         )
 

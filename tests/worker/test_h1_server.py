@@ -243,6 +243,20 @@ async def test_connection_close_is_honoured(serve):
     assert await closed_by_server(stream)
 
 
+async def test_head_request_gets_the_head_only(serve):
+    running = await serve()
+    stream = await running.connect()
+    await stream.send_all(request("/h", method="HEAD") + request("/next"))
+    answer = b""
+    with trio.fail_after(5):
+        while answer.count(b"HTTP/1.1") < 2 or not answer.endswith(b"}"):
+            answer += await stream.receive_some(65536)
+    first, second = answer.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200") and first.endswith(b"\r\n\r\n")  # no body
+    assert int(first.split(b"content-length: ")[1].split(b"\r\n")[0]) > 0
+    assert second.startswith(b"200") and b'"/next"' in second
+
+
 async def test_handler_failure_is_500_json_and_the_connection_lives_on(serve):
     running = await serve()
     stream = await running.connect()
