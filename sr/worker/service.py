@@ -2,8 +2,9 @@
 
 States: starting -> loading -> warming -> ready, or -> failed with a reason (artifact not
 found, device not available, golden check failed, load error). `handle` answers at once in
-every state, so `/health` tells the pool what is going on while the model loads. The ASGI app
-(sr.worker.http) and in-process replicas (sr.pool) both call `handle`.
+every state, so `/health` tells the pool what is going on while the model loads. The HTTP
+server (sr.worker.http over sr.worker.h1_server) and in-process replicas (sr.pool) both call
+`handle`.
 """
 
 from __future__ import annotations
