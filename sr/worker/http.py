@@ -1,5 +1,5 @@
 """The worker's HTTP face: `WorkerService.handle` served by sr's h11 server
-(sr.worker.h1_server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
+(sr.h1_server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import trio
 
 from sr.errors import UsageError
 from sr.private_folder import ensure_private_folder
-from sr.worker.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, ServerLimits, open_listeners
 from sr.worker.service import WorkerService
 from sr.worker.validation import MAX_BODY_BYTES
 

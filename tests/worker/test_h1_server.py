@@ -1,4 +1,4 @@
-"""sr.worker.h1_server over real loopback sockets, driven by raw bytes."""
+"""sr.h1_server over real loopback sockets, driven by raw bytes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import pytest
 import trio
 
-from sr.worker.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, ServerLimits, open_listeners
 
 JSON = [(b"content-type", b"application/json")]
 

@@ -1,11 +1,16 @@
-"""The worker's HTTP/1.1 server: h11 over trio streams, calling a handler directly (no ASGI).
+"""sr's HTTP/1.1 server: h11 over trio streams, for the worker and the router's front end.
 
-It exists because hypercorn cost the worker about half a millisecond of CPU per request
-(docs/benchmarks.md, bench/narrative.md), CPU that competes with the model's forwards.
-Only what the router-to-worker hop and direct callers need is here:
+It exists because hypercorn cost about half a millisecond of CPU per request (bench/
+narrative.md): on the worker that CPU competes with the model's forwards, on the router it
+was most of the hop's overhead. The worker's handler is called directly,
+`handler(method, path, body)`; the router's front end is an ASGI app, served through
+`adapter=sr.h1_asgi.AsgiAdapter(app)` (streamed body, `http.disconnect` when the caller
+hangs up, lifespan).
+Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
 * keep-alive, one request at a time per connection; pipelined requests are answered in
-  order (h11 buffers what arrives early, and nothing more is read while a request is served);
+  order (h11 buffers what arrives early; while a request is served nothing more is read,
+  except by an ASGI app waiting in `receive()` for a hang-up, capped at 64 KiB);
 * Content-Length and chunked request bodies (h11), capped in size (413, from the declared
   length and while reading) and in time (408 when the body is not complete in time);
 * a header-size cap (431), malformed requests answered 400 and the connection closed;
@@ -23,6 +28,7 @@ import errno
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
+from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
 import attrs
@@ -35,10 +41,19 @@ from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooL
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 Handler = Callable[[str, str, bytes], Awaitable[Response]]
 
-_log = logging.getLogger("sr.worker.http")
-_READ_CHUNK = 65536
+
+class Adapter(Protocol):
+    """What serves an app other than a plain handler (sr.h1_asgi.AsgiAdapter)."""
+
+    async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
+    async def answer(self, connection: Connection, request: h11.Request, method: str,
+                     path: str, raw_path: bytes, query: bytes) -> bool: ...  # fmt: skip
+
+
+_log = logging.getLogger("sr.http")
+READ_CHUNK = 65536
 _JSON = (b"content-type", b"application/json")
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 # After an early answer (413, 408) the caller may still be sending; reading (and dropping)
 # for a short while lets it see the answer instead of a reset connection.
 _LINGER_S = 1.0
@@ -61,28 +76,35 @@ class ServerLimits:
     graceful_timeout_s: float = 5.0
 
 
-class _PeerGone(Exception):
+class PeerGone(Exception):
     """The caller closed or reset the connection; nobody is left to answer."""
 
 
 class H1Server:
-    """Serves `handler(method, path, body) -> (status, headers, body)` on trio listeners.
+    """Serves `handler(method, path, body) -> (status, headers, body)`, or an app through
+    an adapter (`adapter=sr.h1_asgi.AsgiAdapter(app)`, with its lifespan), on trio listeners.
 
     `after_answer()` runs once each answer has been written (the worker's `exit` fault).
+    With an adapter the app enforces its own body caps; `limits.max_body_bytes` and
+    `body_timeout_s` apply to `handler` only.
     """
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Handler | None = None,
         limits: ServerLimits = ServerLimits(),
         *,
+        adapter: Adapter | None = None,
         after_answer: Callable[[], None] | None = None,
     ) -> None:
+        if (handler is None) == (adapter is None):
+            raise ValueError("H1Server serves exactly one of handler or adapter")
         self.handler = handler
+        self.adapter = adapter
         self.limits = limits
         self.after_answer = after_answer
         self.stopping = False
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
 
     async def serve(
         self,
@@ -91,20 +113,28 @@ class H1Server:
         shutdown_trigger: Callable[[], Awaitable[None]] = trio.sleep_forever,
         task_status=trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept until `shutdown_trigger` returns, then shut down gracefully."""
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as accepting:
+        """Accept until `shutdown_trigger` returns, then shut down gracefully: stop
+        accepting, close idle connections, give requests in flight `graceful_timeout_s`,
+        then end an ASGI app's lifespan."""
+        async with trio.open_nursery() as lifespan:
+            lifespan_ended = trio.Event()
+            if self.adapter is not None:
+                await lifespan.start(self.adapter.lifespan, lifespan_ended.wait)
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, connections)
+                    task_status.started()
+                    await shutdown_trigger()
+                    accepting.cancel_scope.cancel()
                 for listener in listeners:
-                    accepting.start_soon(self._accept_loop, listener, connections)
-                task_status.started()
-                await shutdown_trigger()
-                accepting.cancel_scope.cancel()
-            for listener in listeners:
-                await listener.aclose()
-            self.stopping = True
-            for connection in list(self._connections):
-                connection.stop_if_idle()
-            connections.cancel_scope.deadline = trio.current_time() + self.limits.graceful_timeout_s
+                    await listener.aclose()
+                self.stopping = True
+                for connection in list(self._connections):
+                    connection.stop_if_idle()
+                grace = self.limits.graceful_timeout_s
+                connections.cancel_scope.deadline = trio.current_time() + grace
+            lifespan_ended.set()
 
     async def _accept_loop(self, listener: trio.abc.Listener, nursery: trio.Nursery) -> None:
         while True:
@@ -119,11 +149,11 @@ class H1Server:
             nursery.start_soon(self._serve_connection, stream)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
-        connection = _Connection(self, stream)
+        connection = Connection(self, stream)
         self._connections.add(connection)
         try:
             await connection.serve()
-        except (_PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
+        except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the caller went away; nothing to answer
         except Exception:  # a bug here must cost one connection, never the server
             _log.exception("connection failed")
@@ -133,7 +163,7 @@ class H1Server:
                 await trio.aclose_forcefully(stream)
 
 
-class _Connection:
+class Connection:
     def __init__(self, server: H1Server, stream: trio.abc.Stream) -> None:
         self.server = server
         self.limits = server.limits
@@ -142,7 +172,7 @@ class _Connection:
             h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
         )
         self._idle_scope: trio.CancelScope | None = None
-        self._eof = False
+        self.eof = False
 
     def stop_if_idle(self) -> None:
         """Shutdown: a connection waiting for its next request closes now."""
@@ -172,7 +202,7 @@ class _Connection:
         event = None
         try:
             with self._idle_scope:
-                event = await self._next_event()
+                event = await self.next_event()
         except h11.RemoteProtocolError as error:
             await self._refuse(error)
             return None
@@ -192,19 +222,21 @@ class _Connection:
         carry another request."""
         try:
             method = request.method.decode("ascii")
-            target = request.target.split(b"?", 1)[0]
-            path = unquote_to_bytes(target).decode("utf-8")
+            raw_path, _, query = request.target.partition(b"?")
+            path = unquote_to_bytes(raw_path).decode("utf-8")
         except UnicodeDecodeError:
             await self._refuse(InvalidRequest("request target is not valid UTF-8"))
             return False
+        if self.server.adapter is not None:
+            return await self.server.adapter.answer(self, request, method, path, raw_path, query)
         try:
             body = await self._read_body(request)
         except h11.RemoteProtocolError as error:
             await self._refuse(error)
             return False
         except RequestError as error:  # too large, too slow
-            await self._send(error.status, [_JSON], error.body(), close=True)
-            await self._linger()
+            await self.send(error.status, [_JSON], error.body(), close=True)
+            await self.linger()
             return False
         try:
             status, headers, payload = await self.server.handler(method, path, body)
@@ -213,7 +245,7 @@ class _Connection:
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
         head_only = request.method == b"HEAD"  # same head as GET, body never sent
-        await self._send(status, headers, payload, close=self.server.stopping, head_only=head_only)
+        await self.send(status, headers, payload, close=self.server.stopping, head_only=head_only)
         return True
 
     async def _read_body(self, request: h11.Request) -> bytes:
@@ -227,7 +259,7 @@ class _Connection:
         size = 0
         with trio.move_on_after(self.limits.body_timeout_s):
             while True:
-                event = await self._next_event()
+                event = await self.next_event()
                 if isinstance(event, h11.Data):
                     size += len(event.data)
                     if size > limit:
@@ -236,25 +268,29 @@ class _Connection:
                 elif isinstance(event, h11.EndOfMessage):
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 else:  # ConnectionClosed before the body was complete
-                    raise _PeerGone()
+                    raise PeerGone()
         raise BodyReadTimeout(f"request body not complete within {self.limits.body_timeout_s:g}s")
 
-    async def _next_event(self):
+    async def next_event(self):
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            if self._eof:
-                raise _PeerGone()
-            data = await self.stream.receive_some(_READ_CHUNK)
-            self._eof = not data
-            self.h11.receive_data(data)
+            await self.receive_more()
+
+    async def receive_more(self) -> None:
+        """One read from the caller into h11; PeerGone once it has closed."""
+        if self.eof:
+            raise PeerGone()
+        data = await self.stream.receive_some(READ_CHUNK)
+        self.eof = not data
+        self.h11.receive_data(data)
 
     async def _refuse(self, error: h11.RemoteProtocolError | RequestError) -> None:
         """Answer a request that cannot be served (if the caller is still there), then the
         connection closes."""
-        if self._eof:
-            raise _PeerGone()  # e.g. closed mid-body: h11 calls that a protocol error
+        if self.eof:
+            raise PeerGone()  # e.g. closed mid-body: h11 calls that a protocol error
         if isinstance(error, RequestError):
             status, body = error.status, error.body()
         elif error.error_status_hint == 431:
@@ -262,10 +298,10 @@ class _Connection:
         else:
             status, body = 400, InvalidRequest(f"malformed HTTP request: {error}").body()
         if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            await self._send(status, [_JSON], body, close=True)
-            await self._linger()
+            await self.send(status, [_JSON], body, close=True)
+            await self.linger()
 
-    async def _send(
+    async def send(
         self,
         status: int,
         headers: list[tuple[bytes, bytes]],
@@ -277,20 +313,20 @@ class _Connection:
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         if close:
             headers.append((b"connection", b"close"))
-        head = h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+        head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
         await self.stream.send_all(
             self.h11.send(head)
             + self.h11.send(h11.Data(data=b"" if head_only else body))
             + self.h11.send(h11.EndOfMessage())
         )
 
-    async def _linger(self) -> None:
+    async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a
         moment, so that closing does not reset the connection under its unread answer."""
         with trio.move_on_after(_LINGER_S):
             try:
                 await self.stream.send_eof()
-                while await self.stream.receive_some(_READ_CHUNK):
+                while await self.stream.receive_some(READ_CHUNK):
                     pass
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass

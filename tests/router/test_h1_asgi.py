@@ -1,0 +1,200 @@
+"""RouterApp served by sr.h1_server through sr.h1_asgi, over real loopback sockets."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+
+import h11
+import trio
+
+from sr.h1_asgi import AsgiAdapter
+from sr.h1_server import H1Server, ServerLimits, open_listeners
+
+from .test_app import CANCELED_LINE, build, stalling
+
+EMBED = json.dumps({"model": "primary", "input": "a"}).encode()
+
+
+@asynccontextmanager
+async def served(app, grace_s: float = 5.0):
+    """The app on 127.0.0.1:<free port>; yields (port, stop); graceful stop on exit."""
+    server = H1Server(adapter=AsgiAdapter(app), limits=ServerLimits(graceful_timeout_s=grace_s))
+    listeners, _ = await open_listeners(host="127.0.0.1", port=0)
+    port = listeners[0].socket.getsockname()[1]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: server.serve(
+            listeners, shutdown_trigger=stop.wait, task_status=task_status))  # fmt: skip
+        yield port, stop
+        stop.set()
+
+
+def post(path: str, body: bytes, *extra: bytes) -> bytes:
+    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+    head += b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+    return head + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body
+
+
+class Client:
+    """Raw bytes out, h11-parsed answers in."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def answer(self, method: bytes = b"POST") -> tuple[int, dict[bytes, bytes], bytes]:
+        # The client side of h11 must know what was asked (HEAD answers carry no body).
+        self.h11.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
+        self.h11.send(h11.EndOfMessage())
+        status, headers, body = 0, {}, b""
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.stream.receive_some(65536))
+            elif isinstance(event, h11.Response):
+                status, headers = event.status_code, dict(event.headers)
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
+                    self.h11.start_next_cycle()
+                return status, headers, body
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+
+async def connect(port: int) -> Client:
+    return Client(await trio.open_tcp_stream("127.0.0.1", port))
+
+
+async def test_headers_body_and_keep_alive_reach_the_app():
+    app, core = build(api_keys=["k1"])
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            auth = b"Authorization: Bearer k1"
+            await client.stream.send_all(
+                post("/v1/embeddings", EMBED, auth, b"X-Request-Timeout-Ms: 250")
+            )
+            status, headers, body = await client.answer()
+            assert status == 200
+            assert json.loads(body)["model"] == "primary"
+            assert headers[b"content-length"] == str(len(body)).encode()
+            assert headers[b"x-sr-replica"] == b"primary-0"
+            assert core.calls[0][3] == 0.25
+            # Same connection: the next request, then a missing key.
+            await client.stream.send_all(post("/v1/classify", EMBED, auth))
+            assert (await client.answer())[0] == 200
+            await client.stream.send_all(post("/v1/classify", EMBED))
+            status, headers, _ = await client.answer()
+            assert status == 401
+            assert headers[b"www-authenticate"] == b"Bearer"
+            await client.stream.aclose()
+    assert len(core.calls) == 2
+
+
+async def test_caller_hanging_up_mid_dispatch_is_canceled():
+    handler, started, cancelled = stalling()
+    app, _ = build(handler=handler)
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            await client.stream.send_all(post("/v1/embeddings", EMBED))
+            await started.wait()
+            await client.stream.aclose()
+            while not cancelled:
+                await trio.sleep(0.01)
+            assert CANCELED_LINE in app.metrics.render().decode()
+            # The server carries on for the next caller.
+            other = await connect(port)
+            await other.stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await other.answer(b"GET"))[0] == 200
+            await other.stream.aclose()
+
+
+async def test_pipelined_request_during_a_dispatch_is_answered_after_it():
+    release = trio.Event()
+    calls = []
+
+    async def handler(deployment, path, raw, timeout_s):
+        calls.append(path)
+        await release.wait()
+        from .fake_core import echo_embeddings
+
+        return await echo_embeddings(deployment, path, raw, timeout_s)
+
+    app, _ = build(handler=handler)
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            both = post("/v1/embeddings", EMBED) + post("/v1/classify", EMBED)
+            await client.stream.send_all(both)
+            while not calls:
+                await trio.sleep(0.01)
+            await trio.sleep(0.05)  # the watcher has read the second request by now
+            assert calls == ["/v1/embeddings"]
+            release.set()
+            assert (await client.answer())[0] == 200
+            assert (await client.answer())[0] == 200
+            assert calls == ["/v1/embeddings", "/v1/classify"]
+            await client.stream.aclose()
+
+
+async def test_body_caps_answer_413_and_close():
+    app, core = build(max_body=100)
+    big = json.dumps({"model": "primary", "input": "x" * 300}).encode()
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            await client.stream.send_all(post("/v1/embeddings", big))
+            status, headers, body = await client.answer()
+            assert status == 413
+            assert json.loads(body)["error"]["code"] == "request_too_large"
+            chunked = await connect(port)
+            head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            piece = b"40\r\n" + b"x" * 64 + b"\r\n"
+            await chunked.stream.send_all(head + piece + piece)
+            status, headers, _ = await chunked.answer()
+            assert status == 413
+            assert headers[b"connection"] == b"close"
+            assert await chunked.stream.receive_some(100) == b""  # closed by the server
+    assert core.calls == []
+
+
+async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
+    release = trio.Event()
+
+    async def handler(deployment, path, raw, timeout_s):
+        await release.wait()
+        from .fake_core import echo_embeddings
+
+        return await echo_embeddings(deployment, path, raw, timeout_s)
+
+    app, core = build(handler=handler)
+    answers = []
+    with trio.fail_after(5):
+        async with served(app) as (port, stop):
+            assert app._watch_nursery is not None  # the lifespan runs while serving
+            client = await connect(port)
+            await client.stream.send_all(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = await client.answer(b"HEAD")
+            assert (status, body) == (200, b"")
+            assert headers[b"content-length"] == b"15"  # as for GET: {"status":"ok"}
+            busy = await connect(port)
+
+            async def in_flight():
+                await busy.stream.send_all(post("/v1/embeddings", EMBED))
+                answers.append(await busy.answer())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(in_flight)
+                while not core.calls:
+                    await trio.sleep(0.01)
+                stop.set()
+                await trio.sleep(0.05)
+                assert await client.stream.receive_some(100) == b""  # idle: closed at once
+                release.set()
+    assert answers[0][0] == 200
+    assert answers[0][1][b"connection"] == b"close"
+    assert app._watch_nursery is None  # lifespan shut down after the connections
