@@ -1,8 +1,9 @@
-"""Small ASGI helpers shared by the router's front end and the worker's HTTP face.
+"""Small ASGI helpers for the router's front end.
 
-Both are plain ASGI callables under hypercorn (no framework) to keep the per-request hop
-lean. Every body read is capped in size and in time: a client that trickles its body
-cannot hold a connection and a task for ever.
+The front end is a plain ASGI callable (no framework), served by sr's own h11 server
+(sr.h1_server through sr.h1_asgi) to keep the per-request hop lean. Every body read is
+capped in size and in time: a client that trickles its body cannot hold a connection and a
+task for ever.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ async def send_response(
     headers: Iterable[tuple[bytes, bytes]] = (),
     content_type: bytes = b"application/json",
 ) -> None:
-    """One answer with its length declared: without Content-Length hypercorn frames the body
-    as chunked, a third socket write per answer (head, chunk, terminator)."""
+    """One answer with its length declared: without Content-Length the body would be framed
+    as chunked: more bytes on the wire and more work per answer."""
     await send(
         {
             "type": "http.response.start",

@@ -13,7 +13,7 @@ SIGINT/SIGTERM drain and exit 0, SIGHUP reloads the config file, startup failure
 
 from __future__ import annotations
 
-import logging
+import functools
 import os
 import signal
 import sys
@@ -22,12 +22,12 @@ from typing import Any, TextIO
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from sr.config.schema import Listener, SrConfig
 from sr.errors import ConfigError, RequestError, SrError, UsageError
 from sr.events import EventSink
+from sr.h1_asgi import AsgiAdapter
+from sr.h1_server import H1Server, ServerLimits, open_listeners
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache, result_cache_entries_from_env
 from sr.router.logs import configure_logging
@@ -55,14 +55,13 @@ class ServingRouter:
         self._stop.set()
 
 
-def _hypercorn_config(host: str, port: int) -> HypercornConfig:
-    http = HypercornConfig()
-    http.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    http.accesslog = None
-    http.errorlog = logging.getLogger("sr.http")
-    http.graceful_timeout = HTTP_GRACE_S
-    http.keep_alive_timeout = 75.0  # benchmark and proxy clients keep connections open
-    return http
+# The front end's HTTP limits (sr.h1_server). The app caps request bodies itself
+# (sr.asgi.read_body); headers are capped at 16 KiB (431), idle and header-phase
+# connections close after the keep-alive timeout.
+ROUTER_HTTP_LIMITS = ServerLimits(
+    graceful_timeout_s=HTTP_GRACE_S,
+    keep_alive_timeout_s=75.0,  # benchmark and proxy clients keep connections open
+)
 
 
 async def serve(
@@ -116,9 +115,7 @@ async def serve(
         stop = trio.Event()
         failure: list[SrError] = []
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                _serve_http, app, _hypercorn_config(host, port), stop, nursery.cancel_scope
-            )
+            binds = await nursery.start(_serve_http, app, host, port, stop, nursery.cancel_scope)
             url = binds[0]
             handle = ServingRouter(url=url, core=core, app=app, reloader=reloader, stop=stop)
             events.emit("router_listening", url=url)
@@ -139,13 +136,19 @@ async def serve(
 
 async def _serve_http(
     app: RouterApp,
-    http: HypercornConfig,
+    host: str,
+    port: int,
     stop: trio.Event,
     done: trio.CancelScope,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Hypercorn until `stop` (graceful: in-flight requests finish), then end the serve."""
-    await hypercorn_serve(app, http, shutdown_trigger=stop.wait, task_status=task_status)
+    """sr's h11 server until `stop` (graceful: in-flight requests finish within
+    HTTP_GRACE_S), then end the serve. `task_status.started(urls)` once listening."""
+    server = H1Server(adapter=AsgiAdapter(app), limits=ROUTER_HTTP_LIMITS)
+    listeners, binds = await open_listeners(host=host, port=port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(server.serve, listeners, shutdown_trigger=stop.wait))
+        task_status.started(binds)
     done.cancel()
 
 
