@@ -2,7 +2,7 @@
 
     python -m bench.bench_frontend [--requests 20000]
 
-No sockets and no hypercorn: this isolates what sr/router/app.py itself spends on a native
+No sockets and no HTTP server: this isolates what sr/router/app.py itself spends on a native
 request (header scan, body read, JSON parse and rewrite, metrics, the watch for a caller
 hanging up, the answer rewrite). Prints microseconds per request; writes
 bench/results/frontend.json.

@@ -1,7 +1,7 @@
 """Structured logs: one JSON object per line on stderr.
 
 `sr.events` records are already JSON (built by `EventSink.emit`) and pass through as they
-are; any other record under the `sr` logger (including hypercorn's, routed to `sr.http`) is
+are; any other record under the `sr` logger (including the HTTP server's, `sr.http`) is
 wrapped into an object with an `event` of `log`, so every stderr line parses as JSON.
 """
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import trio
 
 from sr.errors import UsageError
-from sr.private_folder import ensure_private_folder
 from sr.h1_server import H1Server, ServerLimits, open_listeners
+from sr.private_folder import ensure_private_folder
 from sr.worker.service import WorkerService
 from sr.worker.validation import MAX_BODY_BYTES
 

@@ -234,6 +234,15 @@ async def test_idle_connection_is_closed_after_keep_alive_timeout(serve):
     assert 0.15 < trio.current_time() - started < 2.0
 
 
+async def test_a_caller_that_never_finishes_its_headers_is_cut_off(serve):
+    running = await serve(keep_alive_timeout_s=0.2)
+    stream = await running.connect()
+    await stream.send_all(b"POST /x HTTP/1.1\r\nHost: w\r\nX-Slow: ")  # and then nothing
+    started = trio.current_time()
+    assert await closed_by_server(stream)
+    assert trio.current_time() - started < 2.0
+
+
 async def test_connection_close_is_honoured(serve):
     running = await serve()
     stream = await running.connect()
