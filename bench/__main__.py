@@ -3,6 +3,7 @@
     python -m bench                 # everything (about 10 minutes on the 2-core host)
     python -m bench --quick         # shorter runs of every benchmark (about 3 minutes)
     python -m bench --only router scaling
+    python -m bench --only worker_server   # hypercorn vs sr's h11 server (needs the bench extra)
     python -m bench --report-only   # rewrite docs/benchmarks.md from bench/results/*.json
 
 Each benchmark runs in its own process (torch thread settings and imports stay apart),
@@ -41,15 +42,24 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "engine": ("bench.bench_engine", [], ["--single-runs", "60", "--batch-runs", "12"]),
     "threads": ("bench.bench_threads", [], ["--rounds", "4"]),
     "worker_http": ("bench.bench_worker_http", [], ["--rounds", "8"]),
+    "worker_server": ("bench.bench_worker_server", [], ["--rounds", "2", "--per-round", "150"]),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs")
-    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME")
-    parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--no-report", action="store_true")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only these benchmarks: {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the report from bench/results"
+    )
+    parser.add_argument("--no-report", action="store_true", help="run without writing the report")
     args = parser.parse_args(argv)
     failed = []
     if not args.report_only:

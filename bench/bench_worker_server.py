@@ -2,7 +2,7 @@
 
     python -m bench.bench_worker_server [--rounds 6] [--per-round 300]
 
-Two worker processes on Unix sockets serve one tiny BERT: `sr worker` (sr.worker.h1_server)
+Two worker processes on Unix sockets serve one tiny BERT: `sr worker` (served by sr.h1_server)
 and a copy of the worker served by hypercorn through a plain ASGI adapter, as the worker was
 served until the h11 server replaced it (kept here so the comparison can be rerun). Requests
 go through `sr.pool.http1` (the router's client) at concurrency 1 and 32, for GET /health and

@@ -287,6 +287,9 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
             f"{worker['worker_start_to_ready_s']} s, RSS {worker['worker_rss_mib']} MiB.\n\n"
             + _table(["path", "median round ms", "req/s"], rows)
         )
+    worker_server = results.get("worker_server")
+    if worker_server:
+        out.append(_worker_server_section(worker_server))
     dispatch = results.get("dispatch")
     if dispatch:
         rows = [
@@ -300,6 +303,51 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
     return out
 
 
+def _worker_server_section(result: dict) -> str:
+    """hypercorn and sr's h11 server serving the same worker, with the h1/hypercorn CPU ratio
+    per endpoint and concurrency (the figure the server swap was decided on)."""
+    by_case: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in result["rows"]:
+        by_case.setdefault((r["endpoint"], r["concurrency"]), {})[r["server"]] = r
+    rows: list[list[object]] = []
+    for (endpoint, concurrency), servers in by_case.items():
+        for name, r in servers.items():
+            rows.append(
+                [
+                    endpoint,
+                    concurrency,
+                    name,
+                    r["worker_cpu_us_per_request"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["throughput_rps"],
+                ]
+            )
+        old, new = servers.get("hypercorn"), servers.get("h1")
+        if old and new and old["worker_cpu_us_per_request"]:
+            ratio = new["worker_cpu_us_per_request"] / old["worker_cpu_us_per_request"]
+            rows.append([endpoint, concurrency, "**h1 / hypercorn**", f"{ratio:.2f}x", "", "", ""])
+    return (
+        "## Worker HTTP server (`bench_worker_server`)\n\nThe same tiny-BERT worker served "
+        "by hypercorn (through a plain ASGI adapter, as before the swap) and by `sr worker` "
+        "(sr.h1_server), on Unix sockets, called through the router's client; the two servers "
+        f"alternate in {result['rounds']} rounds. Worker CPU is the worker process's "
+        "utime+stime per request.\n\n"
+        + _table(
+            [
+                "endpoint",
+                "concurrency",
+                "server",
+                "worker CPU us/request",
+                "p50 ms",
+                "p99 ms",
+                "req/s",
+            ],
+            rows,
+        )
+    )
+
+
 NAMES = (
     "router",
     "transport",
@@ -309,6 +357,7 @@ NAMES = (
     "engine",
     "threads",
     "worker_http",
+    "worker_server",
     "dispatch",
 )
 
