@@ -1,7 +1,7 @@
 """Run the benchmarks one after another and write docs/benchmarks.md with its plots.
 
-    python -m bench                 # everything (about 10 minutes on the 2-core host)
-    python -m bench --quick         # shorter runs of every benchmark (about 3 minutes)
+    python -m bench                 # everything (about 4 minutes on the quiet 2-core host)
+    python -m bench --quick         # shorter runs of every benchmark
     python -m bench --only router scaling
     python -m bench --only worker_server   # hypercorn vs sr's h11 server (needs the bench extra)
     python -m bench --report-only   # rewrite docs/benchmarks.md from bench/results/*.json
