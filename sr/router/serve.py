@@ -160,7 +160,8 @@ def run_sr_serve(
     port: int | None,
     threads: int | None,
 ) -> int:
-    """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails."""
+    """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails, 2 for a
+    bad setting found before anything started."""
     configure_logging()
     try:
         return trio.run(_run_process, config, config_path, host, port, threads)
