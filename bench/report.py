@@ -284,8 +284,8 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
         ]
         out.append(
             f"## Worker HTTP (`bench_worker_http`)\n\nStart to ready "
-            f"{worker['worker_start_to_ready_s']} s, RSS {worker['worker_rss_mib']} MiB.\n\n"
-            + _table(["path", "median round ms", "req/s"], rows)
+            f"{worker['worker_start_to_ready_s']} s, RSS {worker['worker_rss_mib']} MiB."
+            f"{_worker_http_ratio(worker)}\n\n" + _table(["path", "median round ms", "req/s"], rows)
         )
     worker_server = results.get("worker_server")
     if worker_server:
@@ -301,6 +301,14 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
             "pure.\n\n" + _table(["replicas", "in backoff", "median us", "p99 us", "max us"], rows)
         )
     return out
+
+
+def _worker_http_ratio(worker: dict) -> str:
+    # Older result files predate the interleaved run and carry no ratio.
+    if "ratio" not in worker:
+        return ""
+    how = "sides alternated round by round" if worker.get("interleaved") else "sides in turn"
+    return f" Worker / encode throughput {worker['ratio']}x ({how})."
 
 
 def _worker_server_section(result: dict) -> str:
