@@ -1,19 +1,23 @@
 """Router-to-worker client: sr.pool.http1 (h11 over trio) against httpx, same worker.
 
-    python -m bench.bench_transport [--rounds 20] [--per-round 100]
+    python -m bench.bench_transport [--rounds 20] [--per-round 100] [--baseline REV]
 
 One `sr worker` (tiny BERT, so the model costs little) on a Unix socket; both clients send
 POST /v1/embeddings at concurrency 1 in alternating rounds, so host noise hits both alike.
 Reports latency percentiles and the client's own CPU time per request (this process's CPU
-clock), which is what the router pays per hop. Writes bench/results/transport.json.
+clock), which is what the router pays per hop. `--baseline REV` adds sr/pool/http1.py as
+it was at git revision REV as a third client ("http1@REV"), for before/after comparisons
+under the same noise. Writes bench/results/transport.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import subprocess
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import trio
@@ -38,18 +42,33 @@ async def one_round(transport, per_round: int, latencies: list[float]) -> float:
     return time.process_time() - cpu
 
 
-async def compare(socket: str, rounds: int, per_round: int) -> dict:
+def pool_class_at(revision: str) -> type:
+    """`Http1Pool` from sr/pool/http1.py as committed at `revision`."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:sr/pool/http1.py"], capture_output=True, check=True
+    ).stdout
+    module = types.ModuleType(f"http1_at_{revision}")
+    exec(compile(source, f"sr/pool/http1.py@{revision}", "exec"), module.__dict__)
+    return module.Http1Pool
+
+
+async def compare(socket: str, rounds: int, per_round: int, baseline: str | None) -> dict:
     clients = {
         "http1": Http1Transport(Http1Pool(uds=socket)),
         "httpx": HttpxTransport(uds=socket),
     }
+    if baseline:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", baseline], capture_output=True, check=True, text=True
+        ).stdout.strip()  # a name that stays meaningful after HEAD moves
+        clients[f"http1@{commit}"] = Http1Transport(pool_class_at(commit)(uds=socket))
     latencies: dict[str, list[float]] = {name: [] for name in clients}
     cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
     walls: dict[str, float] = dict.fromkeys(clients, 0.0)
     for client in clients.values():  # warm-up: connections, worker caches
         await one_round(client, 20, [])
     for r in range(rounds):
-        order = list(clients) if r % 2 == 0 else list(reversed(clients))
+        order = list(clients)[r % len(clients) :] + list(clients)[: r % len(clients)]
         for name in order:
             wall = time.perf_counter()
             cpu[name] += await one_round(clients[name], per_round, latencies[name])
@@ -68,11 +87,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=100)
+    parser.add_argument("--baseline", help="git revision of sr/pool/http1.py to compare")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sr-bench-") as tmp:
         artifact = tiny_artifact(Path(tmp))
         with WorkerProcess(artifact, Path(tmp)) as worker:
-            rows = trio.run(compare, worker.socket, args.rounds, args.per_round)
+            rows = trio.run(compare, worker.socket, args.rounds, args.per_round, args.baseline)
     print_table(
         ("client", "p50 ms", "p90 ms", "p99 ms", "req/s", "client CPU us/req"),
         [
@@ -82,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
         ],
     )  # fmt: skip
     result = {"benchmark": "router-to-worker client", "rounds": args.rounds, "clients": rows}
+    if args.baseline:
+        result["baseline"] = args.baseline
     write_result("transport", result)
     return result
 

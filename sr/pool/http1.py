@@ -1,9 +1,13 @@
-"""A small HTTP/1.1 client for the router-to-worker hop: h11 over trio streams.
+"""A small HTTP/1.1 client for the router-to-worker hop, over trio streams.
 
 One `Http1Pool` per replica keeps idle connections alive and reuses them. It exists because
-the general-purpose client (httpx) cost more per request than the hop itself on the
-benchmark host (docs/benchmarks.md); this one sends a request's head and body in one write
-and parses the answer with h11, nothing else.
+general-purpose clients cost more per request than the hop itself (docs/benchmarks.md). It
+only ever talks to `sr.h1_server` (managed workers), whose every answer declares
+Content-Length, so it speaks a strict subset of HTTP/1.1: the request head is built as
+bytes and written with its body in one `send_all`; the answer is a status line, header lines
+up to the blank line (at most `MAX_HEAD_BYTES`), a mandatory Content-Length and exactly that
+many body bytes. Chunked or length-less answers, bad header lines and oversized heads are
+refused as malformed (an `Http1Error`, never a hang).
 
 Rules that keep errors honest:
 * An idle connection the worker has closed (readable while idle: EOF or stray bytes) is
@@ -11,20 +15,28 @@ Rules that keep errors honest:
   worker's handler, so the request is written once more on a fresh connection. Once the
   request is written, any failure is final (the worker may have acted on it).
 * Any error or cancellation in the middle of an exchange closes that connection; only a
-  connection whose exchange completed cleanly goes back to the idle list.
-* An answer larger than `max_response_bytes`, or one h11 cannot parse, is an
-  `Http1Error` and costs the connection.
+  connection whose exchange completed cleanly (and that the worker did not mark
+  `connection: close`, and that carried no bytes past the answer) goes back to the idle list.
+* An answer larger than `max_response_bytes`, or a malformed one, is an `Http1Error` and
+  costs the connection.
 """
 
 from __future__ import annotations
 
-import h11
+import re
+
 import trio
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDLE = 32
+MAX_HEAD_BYTES = 16384  # the same bound h11 put on an answer's head
 _READ_CHUNK = 65536
 _CLOSED_EARLY = "worker closed the connection before a complete answer"
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: [^\r\n]*)?")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TARGET = re.compile(r"[!-~]+")  # visible ASCII: no spaces, CR, LF or controls
+_NO_BODY_STATUS = (204, 304)
+_HEAD_CACHE_SIZE = 64
 
 
 class Http1Error(Exception):
@@ -32,11 +44,10 @@ class Http1Error(Exception):
 
 
 class _Connection:
-    __slots__ = ("h11", "stream")
+    __slots__ = ("stream",)
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
 
     def close(self) -> None:
         # Synchronous on purpose: it must also run while the task is being cancelled.
@@ -64,6 +75,7 @@ class Http1Pool:
         self._host = host
         self._port = port
         self._host_header = b"worker" if uds is not None else f"{host}:{port}".encode()
+        self._heads: dict[tuple[str, str], bytes] = {}  # request-line + host, per route
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
         self._max_response_bytes = max_response_bytes
@@ -75,17 +87,9 @@ class Http1Pool:
     ) -> tuple[int, dict[str, str], bytes]:
         if self._closed:
             raise Http1Error("client is closed")
-        head = [(b"host", self._host_header)]
-        if body or method == "POST":
-            head.append((b"content-length", str(len(body)).encode()))
-            if body:
-                head.append((b"content-type", b"application/json"))
+        wire = self._request_bytes(method, path, body)
         conn, reused = await self._checkout()
         try:
-            wire = conn.h11.send(h11.Request(method=method, target=path, headers=head))
-            if body:
-                wire += conn.h11.send(h11.Data(data=body))
-            wire += conn.h11.send(h11.EndOfMessage())
             try:
                 await conn.stream.send_all(wire)
             except (trio.BrokenResourceError, OSError) as error:
@@ -93,21 +97,36 @@ class Http1Pool:
                     raise Http1Error(f"send failed: {error!r}") from error
                 conn.close()  # the worker closed it while idle: try once on a fresh one
                 conn, reused = await self._checkout(fresh=True)
-                wire = conn.h11.send(h11.Request(method=method, target=path, headers=head))
-                if body:
-                    wire += conn.h11.send(h11.Data(data=body))
-                wire += conn.h11.send(h11.EndOfMessage())
                 await conn.stream.send_all(wire)
-            answer = await self._read_answer(conn)
+            status, headers, body, keep = await self._read_answer(conn, method == "HEAD")
         except BaseException as error:
             conn.close()
             if isinstance(error, trio.BrokenResourceError | OSError):
                 raise Http1Error(f"{type(error).__name__}: {error}") from error
-            if isinstance(error, h11.ProtocolError):
-                raise Http1Error(f"malformed answer: {error}") from error
             raise
-        self._checkin(conn)
-        return answer
+        if keep and not self._closed and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return status, headers, body
+
+    def _request_bytes(self, method: str, path: str, body: bytes) -> bytes:
+        prefix = self._heads.get((method, path))
+        if prefix is None:
+            if not _TOKEN.fullmatch(method.encode("ascii", "replace")):
+                raise Http1Error(f"invalid method {method!r}")
+            if not _TARGET.fullmatch(path):
+                raise Http1Error(f"invalid request target {path!r}")
+            prefix = b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (
+                method.encode(), path.encode(), self._host_header)  # fmt: skip
+            if len(self._heads) < _HEAD_CACHE_SIZE:
+                self._heads[(method, path)] = prefix
+        if body:
+            return b"%scontent-length: %d\r\ncontent-type: application/json\r\n\r\n%s" % (
+                prefix, len(body), body)  # fmt: skip
+        if method == "POST":
+            return prefix + b"content-length: 0\r\n\r\n"
+        return prefix + b"\r\n"
 
     async def _checkout(self, *, fresh: bool = False) -> tuple[_Connection, bool]:
         while self._idle and not fresh:
@@ -125,51 +144,48 @@ class Http1Pool:
         self.connections_opened += 1
         return _Connection(stream), False
 
-    def _checkin(self, conn: _Connection) -> None:
-        state = conn.h11
-        if (
-            not self._closed
-            and state.our_state is h11.DONE
-            and state.their_state is h11.DONE
-            and len(self._idle) < self._max_idle
-        ):
-            state.start_next_cycle()
-            self._idle.append(conn)
-        else:
-            conn.close()
-
-    async def _read_answer(self, conn: _Connection) -> tuple[int, dict[str, str], bytes]:
-        status = 0
-        headers: dict[str, str] = {}
-        chunks: list[bytes] = []
-        size = 0
-        eof = False
-        while True:
-            try:
-                event = conn.h11.next_event()
-            except h11.RemoteProtocolError as error:
-                if eof:  # h11 refuses an EOF in the middle of an answer
-                    raise Http1Error(_CLOSED_EARLY) from error
-                raise
-            if event is h11.NEED_DATA:
-                data = await conn.stream.receive_some(_READ_CHUNK)
-                eof = not data
-                conn.h11.receive_data(data)  # b"" marks EOF
-                continue
-            if isinstance(event, h11.Response):
-                status = event.status_code
-                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > self._max_response_bytes:
-                    raise Http1Error(f"answer exceeds {self._max_response_bytes} bytes")
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                return status, headers, body
-            elif isinstance(event, h11.ConnectionClosed):
-                raise Http1Error(_CLOSED_EARLY)
-            # InformationalResponse (1xx) and anything else: keep reading
+    async def _read_answer(
+        self, conn: _Connection, head_request: bool
+    ) -> tuple[int, dict[str, str], bytes, bool]:
+        """(status, headers, body, keep-alive) of the next final answer on `conn`."""
+        receive = conn.stream.receive_some
+        data = b""
+        while True:  # one pass per answer head; 1xx heads are skipped
+            end = data.find(b"\r\n\r\n")
+            while end < 0:
+                if len(data) > MAX_HEAD_BYTES:
+                    raise Http1Error(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
+                chunk = await receive(_READ_CHUNK)
+                if not chunk:
+                    raise Http1Error(_CLOSED_EARLY)
+                searched = max(0, len(data) - 3)
+                data += chunk
+                end = data.find(b"\r\n\r\n", searched)
+            if end > MAX_HEAD_BYTES:
+                raise Http1Error(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
+            status, headers, length, keep = parse_head(data[:end])
+            data = data[end + 4 :]
+            if status >= 200:
+                break
+        if head_request or status in _NO_BODY_STATUS:
+            length = 0
+        elif length is None:
+            raise Http1Error("malformed answer: no content-length")
+        if length > self._max_response_bytes:
+            raise Http1Error(f"answer exceeds {self._max_response_bytes} bytes")
+        if len(data) < length:
+            chunks = [data]
+            have = len(data)
+            while have < length:
+                chunk = await receive(max(_READ_CHUNK, min(length - have, 1 << 20)))
+                if not chunk:
+                    raise Http1Error(_CLOSED_EARLY)
+                chunks.append(chunk)
+                have += len(chunk)
+            data = b"".join(chunks)
+        if len(data) > length:  # bytes past the answer: answer is whole, connection is not
+            return status, headers, data[:length], False
+        return status, headers, data, keep
 
     async def aclose(self) -> None:
         self._closed = True
@@ -177,3 +193,37 @@ class Http1Pool:
         for conn in idle:
             conn.close()
         await trio.lowlevel.checkpoint()
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str], int | None, bool]:
+    """Status line and header lines (no trailing blank line) -> (status, headers with
+    lower-case names, content-length or None, keep-alive). Raises Http1Error."""
+    lines = head.split(b"\r\n")
+    match = _STATUS_LINE.fullmatch(lines[0])
+    if match is None:
+        raise Http1Error(f"malformed answer: status line {lines[0][:80]!r}")
+    keep = match.group(1) == b"1"  # an HTTP/1.0 answer is not kept
+    headers: dict[str, str] = {}
+    length: int | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise Http1Error(f"malformed answer: header line {line[:80]!r}")
+        value = value.strip(b" \t")
+        if b"\r" in value or b"\n" in value or b"\0" in value:
+            raise Http1Error(f"malformed answer: header value {line[:80]!r}")
+        key = name.lower().decode("ascii")
+        text = value.decode("latin-1")
+        if key == "content-length":
+            if not value.isdigit() or len(value) > 18:
+                raise Http1Error(f"malformed answer: content-length {text[:40]!r}")
+            if length is not None and int(value) != length:
+                raise Http1Error("malformed answer: conflicting content-length")
+            length = int(value)
+        elif key == "transfer-encoding":
+            raise Http1Error(f"malformed answer: transfer-encoding {text[:40]!r} unsupported")
+        elif key == "connection" and "close" in text.lower():
+            keep = False
+        headers[key] = text if key not in headers else f"{headers[key]}, {text}"
+    status = int(match.group(2))
+    return status, headers, length, keep

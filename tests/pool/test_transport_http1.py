@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from sr.pool.http1 import Http1Error, Http1Pool
+from sr.pool.http1 import MAX_HEAD_BYTES, Http1Error, Http1Pool, parse_head
 from sr.pool.transport import HttpTransport, TransportError
 
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
@@ -176,8 +176,30 @@ async def test_reset_mid_answer_is_a_transport_error_and_the_connection_is_dropp
         b"garbage that is not http\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -5\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x-h: " + b"a" * (MAX_HEAD_BYTES - 20) + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nbad header\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: x\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/2 200 OK\r\ncontent-length: 0\r\n\r\n",
     ],
-    ids=["not-http", "bad-content-length", "huge-head"],
+    ids=[
+        "not-http",
+        "bad-content-length",
+        "huge-head",
+        "no-content-length",
+        "negative-length",
+        "list-length",
+        "conflicting-lengths",
+        "chunked",
+        "head-just-over-cap",
+        "header-without-colon",
+        "obs-fold",
+        "http2-status-line",
+    ],
 )
 async def test_malformed_answer_is_a_transport_error(serve, answer):
     async def bad(stream, server):
@@ -263,3 +285,98 @@ def test_needs_exactly_one_address():
         Http1Pool()
     with pytest.raises(ValueError):
         Http1Pool(uds="/x", host="127.0.0.1", port=1)
+
+
+WHOLE = (
+    b"HTTP/1.1 100 Continue\r\n\r\n"
+    b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nX-Id:  7 \r\n"
+    b'content-length: 12\r\n\r\n{"ok": true}'
+)
+
+
+@pytest.mark.parametrize("split", range(1, len(WHOLE)))
+async def test_answer_split_at_any_byte_boundary_parses_the_same(serve, split):
+    async def split_answer(stream, server):
+        while await server.read_request(stream) is not None:
+            await stream.send_all(WHOLE[:split])
+            await trio.sleep(0.001)  # the client sees the two parts in separate reads
+            await stream.send_all(WHOLE[split:])
+
+    _, path = await serve(split_answer)
+    pool = Http1Pool(uds=path)
+    with trio.fail_after(5):
+        status, headers, body = await pool.request("GET", "/health")
+    assert (status, body) == (201, b'{"ok": true}')
+    assert headers == {"content-type": "application/json", "x-id": "7", "content-length": "12"}
+    assert len(pool._idle) == 1  # a complete keep-alive answer keeps its connection
+    await pool.aclose()
+
+
+async def test_bytes_past_the_declared_length_cost_the_connection_not_the_answer(serve):
+    async def trailing_bytes(stream, server):
+        while await server.read_request(stream) is not None:
+            await stream.send_all(OK + b"junk")
+
+    _, path = await serve(trailing_bytes)
+    pool = Http1Pool(uds=path)
+    status, _, body = await pool.request("GET", "/health")
+    assert (status, json.loads(body)) == (200, {"ok": True})
+    assert pool._idle == []
+    await pool.aclose()
+
+
+async def test_head_at_the_cap_is_accepted(serve):
+    filler = b"x-h: " + b"a" * (MAX_HEAD_BYTES - 80) + b"\r\n"
+    answer = b"HTTP/1.1 200 OK\r\n" + filler + b"content-length: 2\r\n\r\n{}"
+    assert answer.index(b"\r\n\r\n") <= MAX_HEAD_BYTES
+
+    async def big_head(stream, server):
+        await server.read_request(stream)
+        await stream.send_all(answer)
+
+    _, path = await serve(big_head)
+    pool = Http1Pool(uds=path)
+    assert (await pool.request("GET", "/health"))[2] == b"{}"
+    await pool.aclose()
+
+
+async def test_eof_before_the_head_ends_is_a_transport_error(serve):
+    async def half_head(stream, server):
+        await server.read_request(stream)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-len")
+
+    _, path = await serve(half_head)
+    transport = HttpTransport(uds=path)
+    with trio.fail_after(5), pytest.raises(TransportError, match="closed the connection"):
+        await transport.exchange("GET", "/health")
+    await transport.aclose()
+
+
+def test_parse_head_rules():
+    assert parse_head(b"HTTP/1.1 204 No Content") == (204, {}, None, True)
+    assert parse_head(b"HTTP/1.0 200 OK\r\ncontent-length: 0")[3] is False
+    assert parse_head(b"HTTP/1.1 200 OK\r\nConnection: Close\r\ncontent-length: 0")[3] is False
+    assert parse_head(b"HTTP/1.1 200\r\ncontent-length: 0\r\ncontent-length: 0")[2] == 0
+    with pytest.raises(Http1Error, match="content-length"):
+        parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: " + b"9" * 30)
+    with pytest.raises(Http1Error, match="status line"):
+        parse_head(b"HTTP/1.1 20 OK")
+
+
+async def test_request_head_is_built_without_a_library(serve):
+    server, path = await serve(keep_alive_ok)
+    pool = Http1Pool(uds=path)
+    await pool.request("POST", "/v1/embeddings", b"{}")
+    await pool.request("POST", "/v1/empty")
+    await pool.request("GET", "/health")
+    assert server.requests == [
+        b"POST /v1/embeddings HTTP/1.1\r\nhost: worker\r\ncontent-length: 2\r\n"
+        b"content-type: application/json\r\n\r\n{}",
+        b"POST /v1/empty HTTP/1.1\r\nhost: worker\r\ncontent-length: 0\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nhost: worker\r\n\r\n",
+    ]
+    with pytest.raises(Http1Error, match="request target"):
+        await pool.request("GET", "/a b")
+    with pytest.raises(Http1Error, match="method"):
+        await pool.request("G T", "/health")
+    await pool.aclose()
