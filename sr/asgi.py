@@ -116,7 +116,3 @@ async def send_json(send: Send, status: int, payload: Any) -> None:
 async def send_error(send: Send, error: RequestError) -> None:
     extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send_response(send, error.status, error.body(), extra)
-
-
-def error_body(status: int, code: str, message: str) -> tuple[int, bytes]:
-    return status, json.dumps({"error": {"code": code, "message": message}}).encode()

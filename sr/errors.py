@@ -16,7 +16,7 @@
         ├── ReplicaNotFound   404 replica_not_found (POST /api/v1/faults)
         ├── MethodNotAllowed  405 method_not_allowed
         ├── BodyReadTimeout   408 request_timeout (body not complete in time)
-        ├── ReloadRejected    409 reload_failed / reload_in_progress
+        ├── ReloadRejected    409 reload_failed / reload_in_progress / reload_unavailable
         ├── RequestTooLarge   413 request_too_large
         ├── ForwardFailed     500 worker_failed (inside a worker: a forward raised)
         ├── WorkerFailed      502 worker_failed
@@ -127,6 +127,10 @@ class ReloadRejected(RequestError):
 
 class ReloadInProgress(ReloadRejected):
     code = "reload_in_progress"
+
+
+class ReloadUnavailable(ReloadRejected):
+    code = "reload_unavailable"
 
 
 class RequestTooLarge(RequestError):

@@ -9,7 +9,6 @@ the reload trigger.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -31,7 +30,14 @@ from sr.asgi import (
     serve_lifespan,
 )
 from sr.config.schema import SrConfig
-from sr.errors import InvalidApiKey, InvalidRequest, RequestError
+from sr.errors import (
+    InvalidApiKey,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    ReloadUnavailable,
+    RequestError,
+)
 from sr.router import inventory_view
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
@@ -171,15 +177,10 @@ class RouterApp:
             elif path == FAULTS_PATH:
                 await self._faults(scope, receive, send)
             else:
-                body = {"error": {"code": "not_found", "message": f"no route {path}"}}
-                await send_json(send, 404, body)
+                await send_error(send, NotFound(f"no route {path}"))
         except Exception as error:  # a bug must cost one 500, never the connection
             _log.exception("router_internal_error path=%s", path)
-            await send_json(
-                send,
-                500,
-                {"error": {"code": "internal_error", "message": type(error).__name__}},
-            )
+            await send_error(send, RequestError(type(error).__name__))
 
     async def _native(self, scope: dict[str, Any], receive: Receive, send: Send, route: str):
         started = time.perf_counter()
@@ -307,8 +308,7 @@ class RouterApp:
 
     async def _reload_route(self, send: Send) -> None:
         if self._reload is None:
-            body = {"error": {"code": "reload_unavailable", "message": "no config file to reload"}}
-            await send_json(send, 409, body)
+            await send_error(send, ReloadUnavailable("no config file to reload"))
             return
         try:
             summary = await self._reload()
@@ -337,7 +337,4 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
 
 
 async def _method_not_allowed(send: Send, allowed: str) -> None:
-    body = json.dumps(
-        {"error": {"code": "method_not_allowed", "message": f"use {allowed}"}}
-    ).encode()
-    await send_response(send, 405, body, [(b"allow", allowed.encode())])
+    await send_error(send, MethodNotAllowed(f"use {allowed}", headers={"Allow": allowed}))

@@ -18,7 +18,14 @@ from typing import Any
 import torch
 import trio
 
-from sr.errors import ArtifactNotFound, ForwardFailed, RequestError, Unavailable
+from sr.errors import (
+    ArtifactNotFound,
+    ForwardFailed,
+    MethodNotAllowed,
+    NotFound,
+    RequestError,
+    Unavailable,
+)
 from sr.events import EventSink
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
@@ -53,8 +60,8 @@ def default_golden_check(model):
     return golden_check(model)
 
 
-def _error(status: int, code: str, message: str) -> Response:
-    return status, JSON_HEADERS, _dumps({"error": {"code": code, "message": message}}).encode()
+def _error(error: RequestError) -> Response:
+    return error.status, JSON_HEADERS, error.body()
 
 
 class WorkerService:
@@ -204,12 +211,12 @@ class WorkerService:
             if path == "/admin/faults" and self.options.fault_injection:
                 response = await self._faults_route(method, body)
             else:
-                response = _error(404, "not_found", f"no route {path}")
+                response = _error(NotFound(f"no route {path}"))
             self.metrics.requests.labels("other", str(response[0])).inc()
             return response
         allowed, answer = route
         if method != allowed:
-            status, headers, payload = _error(405, "method_not_allowed", f"{path} takes {allowed}")
+            status, headers, payload = _error(MethodNotAllowed(f"{path} takes {allowed}"))
             response = status, [*headers, (b"allow", allowed.encode())], payload
         else:
             try:
@@ -219,7 +226,7 @@ class WorkerService:
                 response = error.status, [*JSON_HEADERS, *extra], error.body()
             except Exception as error:  # a bug must not take the worker down
                 _log.exception("unexpected error on %s", path)
-                response = _error(500, "internal_error", f"{type(error).__name__}: {error}")
+                response = _error(RequestError(f"{type(error).__name__}: {error}"))
         self.metrics.requests.labels(path, str(response[0])).inc()
         return response
 
@@ -250,7 +257,7 @@ class WorkerService:
         if method == "GET":
             return 200, JSON_HEADERS, _dumps(self.faults.card()).encode()
         if method != "POST":
-            return _error(405, "method_not_allowed", "/admin/faults takes GET or POST")
+            return _error(MethodNotAllowed("/admin/faults takes GET or POST"))
         try:
             card = self.faults.configure(body)
         except RequestError as error:
