@@ -114,9 +114,14 @@ class DeploymentPool:
                     f"deployment {self.name!r}: no answer from replica {rec.id} within the deadline"
                 )
         finally:
-            if self.policy.release(res, outcome, trio.current_time()) and runner is not None:
-                runner.request_probe()
-            self._poke.set()
+            if self.policy.release(res, outcome, trio.current_time()):
+                # A failure or a timeout: a backoff or an ejection may have begun, so the
+                # timers re-plan. Other outcomes never bring a wake-up forward (a success
+                # only ends overlays early, and `_timers` waking at a stale time is a
+                # no-op), so the common path wakes no second task.
+                if runner is not None:
+                    runner.request_probe()
+                self._poke.set()
         if outcome is Outcome.FAILED:
             raise WorkerFailed(
                 f"replica {rec.id} of {self.name!r} answered {status}: {_message(payload)}"

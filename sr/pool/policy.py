@@ -124,7 +124,8 @@ class DeploymentPolicy:
 
     # -- outcomes -------------------------------------------------------------------
     def release(self, res: Reservation, outcome: Outcome, now: float) -> bool:
-        """Account for one finished exchange. Returns True if a /health probe should run."""
+        """Account for one finished exchange. True after a failure or timeout of a serving
+        replica: a /health probe should run, and a backoff or ejection may have begun."""
         if res.released:
             return False
         res.released = True
