@@ -205,21 +205,25 @@ class RouterApp:
                     answer = answer_with_public_model(cached, artifact, model)
                     await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
-            reply = await self._dispatch(
-                receive, deployment, route, forward_body(body, artifact), timeout_s
-            )
-            if reply is None:
-                outcome = "canceled"
-                return
-            answer = reply.body
-            if key is not None:
-                self.cache.put(deployment, key, reply.status, answer)
-            if 200 <= reply.status < 300:
-                outcome = "ok"
-                answer = answer_with_public_model(answer, artifact, model)
-            await send_response(
-                send, reply.status, answer, [(REPLICA_HEADER, str(reply.replica_id).encode())]
-            )
+            forward = forward_body(body, artifact)
+            nursery = self._watch_nursery
+            watch = None if nursery is None else _HangUpWatch(nursery, receive)
+            try:
+                reply = await self._dispatch(watch, receive, deployment, route, forward, timeout_s)
+                if reply is None:
+                    outcome = "canceled"
+                    return
+                answer = reply.body
+                if key is not None:
+                    self.cache.put(deployment, key, reply.status, answer)
+                if 200 <= reply.status < 300:
+                    outcome = "ok"
+                    answer = answer_with_public_model(answer, artifact, model)
+                replica = (REPLICA_HEADER, str(reply.replica_id).encode())
+                await send_response(send, reply.status, answer, [replica])
+            finally:
+                if watch is not None:
+                    watch.stop()
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
             await send_error(send, error)
@@ -229,26 +233,21 @@ class RouterApp:
             self.metrics.observe_request(deployment, route, outcome, time.perf_counter() - started)
 
     async def _dispatch(
-        self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
+        self,
+        watch: _HangUpWatch | None,
+        receive: Receive,
+        deployment: str,
+        route: str,
+        body: bytes,
+        timeout_s: float | None,
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
-        None when it was.
-
-        The watcher task runs in the lifespan's nursery when there is one, so a request pays
-        for one task start and one cancel but not for opening and closing a nursery."""
-        nursery = self._watch_nursery
-        if nursery is None:
+        None when it was."""
+        if watch is None:
             return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
-        request_scope = trio.CancelScope()
-        watch_scope = trio.CancelScope()
-        nursery.start_soon(_watch_disconnect, receive, request_scope, watch_scope)
-        reply = None
-        try:
-            with request_scope:
-                reply = await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
-        finally:
-            watch_scope.cancel()
-        return None if request_scope.cancelled_caught else reply
+        with watch.scope:
+            return await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+        return None  # the scope was cancelled: the caller hung up
 
     async def _dispatch_own_nursery(
         self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
@@ -316,6 +315,26 @@ class RouterApp:
             await send_error(send, error)
             return
         await send_json(send, 200, summary)
+
+
+class _HangUpWatch:
+    """Cancels `scope` if the caller hangs up, from a watcher task in the lifespan's nursery
+    (one task start per request, no nursery of its own).
+
+    `stop()` is called once the answer has been written, not when the pool's reply
+    arrives: stopping wakes the watcher and unregisters the caller's socket from epoll,
+    work the caller need not wait for. A hang-up after the reply finds `scope` already
+    exited, and the answer is then written to nobody (a no-op)."""
+
+    __slots__ = ("_watch_scope", "scope")
+
+    def __init__(self, nursery: trio.Nursery, receive: Receive) -> None:
+        self.scope = trio.CancelScope()
+        self._watch_scope = trio.CancelScope()
+        nursery.start_soon(_watch_disconnect, receive, self.scope, self._watch_scope)
+
+    def stop(self) -> None:
+        self._watch_scope.cancel()
 
 
 async def _watch_disconnect(
