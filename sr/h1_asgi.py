@@ -2,11 +2,12 @@
 
 Per request the app gets a `scope` (method, path, raw_path, query_string, lower-case
 headers), a `receive` that streams the body as h11 hands it over and, once the body is
-complete, waits on the socket and answers `http.disconnect` when the caller hangs up (data
-arriving then is a pipelined next request: h11 keeps it for the next cycle), and a `send`
-that writes the head and a complete body in one socket write. Nothing reads the socket
-while the app runs unless the app is in `receive()`: the router's disconnect watcher is
-that reader, only while a dispatch is in flight, so noticing a hang-up costs nothing else.
+complete, waits on the socket and answers `http.disconnect` when the caller hangs up, and a
+`send` whose answer is written whole (head and body in one socket write, with its
+Content-Length) when the last body message arrives. Nothing reads the socket while the app
+runs unless the app is in `receive()` for the body; the hang-up watch only waits for the
+socket to turn readable and peeks, so a pipelined next request stays in the kernel until
+the connection reads it, and noticing a hang-up costs nothing while none happens.
 
 The app owns its body limits (sr.asgi.read_body); sending after the caller left is a no-op,
 as under hypercorn. An answer given before the body was read in full closes the connection.
@@ -21,7 +22,8 @@ from typing import Any
 import h11
 import trio
 
-from sr.h1_server import READ_CHUNK, REASONS, Connection, PeerGone
+from sr.h1_server import Connection, PeerGone
+from sr.h1_wire import InvalidAnswer, request_keeps_alive
 
 AsgiApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
@@ -31,9 +33,7 @@ AsgiApp = Callable[
 _log = logging.getLogger("sr.http")
 _DISCONNECT = {"type": "http.disconnect"}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-# While waiting for a hang-up, a caller that pipelines more than this is not read further
-# (the bytes wait in the kernel until the current answer is written).
-_PIPELINE_BUFFER_BYTES = 64 * 1024
+_JSON = [(b"content-type", b"application/json")]
 _FAILED = b'{"error":{"code":"internal_error","message":"the router failed to answer"}}'
 
 
@@ -102,46 +102,55 @@ class AsgiAdapter:
 
 
 class _Exchange:
-    """One request/answer on a connection."""
+    """One request/answer on a connection. The answer is written whole, with its length,
+    once the app sends its last body message (the router's answers are small and never
+    streamed), so an app that fails half-way still gets a clean 500."""
 
     def __init__(self, connection: Connection, request: h11.Request) -> None:
         self.connection = connection
         self.h11 = connection.h11
         self.head_only = request.method == b"HEAD"
+        self.keep_alive = request_keeps_alive(request)
         self.body_done = False
         self.gone = False
         self.start: dict | None = None
-        self.head_sent = False
-        self.finished = False
+        self.body_parts: list[bytes] = []
+        self.finished = False  # the answer is written (or nobody is left to read it)
+        # The app has returned: the connection owns its socket again. A hang-up watcher
+        # that wakes after this (it was already woken when the app stopped it) must not
+        # read: the connection may be reading the next request.
+        self.over = False
 
     async def run(self, app: AsgiApp, scope: dict) -> bool:
         """True if the connection may carry another request."""
         try:
             await app(scope, self.receive, self.send)
         except Exception:  # a bug in the app costs this request, never the server
+            self.over = True
             _log.exception("app failed on %s %s", scope["method"], scope["path"])
-            if not self.head_sent:
-                self.start = {"status": 500, "headers": [(b"content-type", b"application/json")]}
-                await self.send({"type": "http.response.body", "body": _FAILED})
-        if not self.head_sent and not self.gone:
-            _log.error("app returned without answering %s %s", scope["method"], scope["path"])
-            self.start = {"status": 500, "headers": [(b"content-type", b"application/json")]}
-            await self.send({"type": "http.response.body", "body": _FAILED})
+            await self._fail()
+        else:
+            self.over = True
+            if not self.finished and not self.gone:
+                _log.error("app returned without answering %s %s", scope["method"], scope["path"])
+                await self._fail()
         if self.gone or not self.finished:
             return False
         if not self.body_done:
             await self.connection.linger()
             return False
-        return True
+        return not self._must_close()
 
     async def receive(self) -> dict:
-        if self.gone:
+        if self.gone or self.over:
             return _DISCONNECT
         if self.body_done:
             return await self._wait_for_hang_up()
-        if self.h11.they_are_waiting_for_100_continue and not self.head_sent:
-            go_on = self.h11.send(h11.InformationalResponse(status_code=100))
-            if not await self._write(go_on):
+        if not self.finished:
+            try:
+                await self.connection.send_continue_if_awaited()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.gone = True
                 return _DISCONNECT
         chunks: list[bytes] = []
         while True:
@@ -175,30 +184,32 @@ class _Exchange:
         return True
 
     async def _wait_for_hang_up(self) -> dict:
+        """Until the caller hangs up (then `http.disconnect`) or the watch is cancelled.
+
+        On a socket nothing is read: the watch waits for it to turn readable (no failing
+        read first: a syscall and a raised BlockingIOError less per request) and peeks.
+        End of stream or a reset is a hang-up; bytes are a pipelined next request, left in
+        the kernel for the connection to read after this answer, so the watch never
+        competes with the connection for bytes even when it wakes as the app stops it."""
         stream = self.connection.stream
-        # A watch is almost always cancelled before anything arrives: on a socket, wait for
-        # it to turn readable instead of first trying a read that fails (a syscall and a
-        # raised BlockingIOError less per request, about 8 us of the watch's 44).
-        on_socket = isinstance(stream, trio.SocketStream)
-        while True:
-            try:
-                if on_socket:
-                    await trio.lowlevel.wait_readable(stream.socket)
-                data = await stream.receive_some(READ_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                self.gone = True
-                self.connection.eof = True
-                return _DISCONNECT
-            self.h11.receive_data(data)  # a pipelined next request, served after this one
-            if len(self.h11.trailing_data[0]) > _PIPELINE_BUFFER_BYTES:
-                await trio.sleep_forever()  # cancelled when the answer is done
+        if not isinstance(stream, trio.SocketStream):  # not one sr's listeners make
+            await trio.sleep_forever()  # cannot peek: a hang-up shows when the answer is written
+        try:
+            await trio.lowlevel.wait_readable(stream.socket)
+            peeked = b"" if self.over else await stream.socket.recv(1, trio.socket.MSG_PEEK)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            peeked = b""
+        if self.over:
+            return _DISCONNECT  # the answer is done; the connection has the socket back
+        if peeked:
+            await trio.sleep_forever()  # a pipelined request: cancelled when the answer is done
+        self.gone = True
+        return _DISCONNECT
 
     async def send(self, message: dict) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            if self.head_sent or self.start is not None:
+            if self.start is not None:
                 raise RuntimeError("http.response.start sent twice")
             self.start = message
             return
@@ -209,29 +220,60 @@ class _Exchange:
         if self.gone:
             return  # nobody is listening; the app may finish quietly
         body = message.get("body", b"")
-        more = message.get("more_body", False)
-        out = b""
-        if not self.head_sent:
-            self.head_sent = True
-            out = self.h11.send(self._head())
-        if body and not self.head_only:
-            out += self.h11.send(h11.Data(data=body))
-        if not more:
-            self.finished = True
-            out += self.h11.send(h11.EndOfMessage())
-        await self._write(out)
+        if body:
+            self.body_parts.append(body)
+        if message.get("more_body", False):
+            return
+        body = self.body_parts[0] if len(self.body_parts) == 1 else b"".join(self.body_parts)
+        headers = self.start.get("headers", ())
+        length = _declared_length(headers)
+        if length is None or not self.head_only:
+            if length is not None and length != len(body):
+                raise InvalidAnswer(f"content-length {length} for a body of {len(body)} bytes")
+            length = len(body)
+        await self._write(self.start["status"], headers, body, length)
 
-    def _head(self) -> h11.Response:
-        status = self.start["status"]
-        headers = list(self.start.get("headers", ()))
-        if self.connection.server.stopping or not self.body_done:
-            headers.append((b"connection", b"close"))
-        return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
+    async def _fail(self) -> None:
+        """Answer 500 if nothing was written yet."""
+        if not (self.finished or self.gone):
+            await self._write(500, _JSON, _FAILED, len(_FAILED))
 
-    async def _write(self, data: bytes) -> bool:
+    def _drop_unread_body(self) -> None:
+        """An app that answers without reading the body (every GET route): if the whole
+        body has already arrived (a GET has none), drop it, so that the connection can
+        carry the next request instead of closing."""
+        while not self.body_done:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError:
+                return
+            if isinstance(event, h11.EndOfMessage):
+                self.body_done = True
+            elif not isinstance(event, h11.Data):
+                return  # more is still to come (or the caller closed): not readable now
+
+    def _must_close(self) -> bool:
+        stopping = self.connection.server.stopping
+        return stopping or not self.body_done or not self.keep_alive
+
+    async def _write(self, status: int, headers, body: bytes, length: int) -> None:
+        self._drop_unread_body()
         try:
-            await self.connection.stream.send_all(data)
+            await self.connection.send(
+                status, headers, body, length=length, close=self._must_close(),
+                head_only=self.head_only,
+            )  # fmt: skip
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.gone = True
-            return False
-        return True
+        self.finished = True
+
+
+def _declared_length(headers) -> int | None:
+    """The app's own Content-Length, if it gave one."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise InvalidAnswer(f"content-length {value[:40]!r} is not a number") from None
+    return None

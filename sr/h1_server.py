@@ -9,8 +9,9 @@ hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
 * keep-alive, one request at a time per connection; pipelined requests are answered in
-  order (h11 buffers what arrives early; while a request is served nothing more is read,
-  except by an ASGI app waiting in `receive()` for a hang-up, capped at 64 KiB);
+  order (h11 buffers what arrives early; while a request is served nothing more is read);
+* h11 parses every request; answers are written by sr.h1_wire (sr makes every answer
+  itself, whole and with its length, so h11's general answer machinery bought nothing);
 * Content-Length and chunked request bodies (h11), capped in size (413, from the declared
   length and while reading) and in time (408 when the body is not complete in time);
 * a header-size cap (431), malformed requests answered 400 and the connection closed;
@@ -27,7 +28,6 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
@@ -37,6 +37,7 @@ import trio
 
 from sr.asgi import BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
+from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head, request_keeps_alive
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 Handler = Callable[[str, str, bytes], Awaitable[Response]]
@@ -53,7 +54,6 @@ class Adapter(Protocol):
 _log = logging.getLogger("sr.http")
 READ_CHUNK = 65536
 _JSON = (b"content-type", b"application/json")
-REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 # After an early answer (413, 408) the caller may still be sending; reading (and dropping)
 # for a short while lets it see the answer instead of a reset connection.
 _LINGER_S = 1.0
@@ -168,11 +168,16 @@ class Connection:
         self.server = server
         self.limits = server.limits
         self.stream = stream
-        self.h11 = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes
-        )
+        self.h11 = self._new_parser()
         self._idle_scope: trio.CancelScope | None = None
         self.eof = False
+        # Per request: whether the answer (or a `100 Continue`) has been written. h11 only
+        # parses; answers are written by sr.h1_wire, so h11 never sees them.
+        self.answered = False
+        self.continue_sent = False
+
+    def _new_parser(self) -> h11.Connection:
+        return h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
 
     def stop_if_idle(self) -> None:
         """Shutdown: a connection waiting for its next request closes now."""
@@ -187,11 +192,22 @@ class Connection:
             keep_alive = await self._answer(request)
             if self.server.after_answer is not None:
                 self.server.after_answer()
-            if not keep_alive or self.h11.our_state is not h11.DONE:
+            if not (keep_alive and self.answered):
                 return
             if self.h11.their_state is not h11.DONE:
                 return
-            self.h11.start_next_cycle()
+            self._next_cycle()
+
+    def _next_cycle(self) -> None:
+        """A fresh parser for the next request, holding what already arrived of it (h11's
+        own `start_next_cycle` needs to have written the answer through h11)."""
+        pending, closed = self.h11.trailing_data
+        self.h11 = self._new_parser()
+        if pending:
+            self.h11.receive_data(pending)
+        if closed:
+            self.h11.receive_data(b"")
+        self.answered = self.continue_sent = False
 
     async def _next_request(self) -> h11.Request | None:
         """The next request head; None when the connection should just close (caller gone,
@@ -245,16 +261,21 @@ class Connection:
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
         head_only = request.method == b"HEAD"  # same head as GET, body never sent
-        await self.send(status, headers, payload, close=self.server.stopping, head_only=head_only)
-        return True
+        close = self.server.stopping or not request_keeps_alive(request)
+        try:
+            await self.send(status, headers, payload, close=close, head_only=head_only)
+        except InvalidAnswer:
+            _log.exception("handler gave an answer that cannot be written on %s %s", method, path)
+            error = RequestError("the worker failed to answer")
+            await self.send(error.status, [_JSON], error.body(), close=close)
+        return not close
 
     async def _read_body(self, request: h11.Request) -> bytes:
         limit = self.limits.max_body_bytes
         for name, value in request.headers:
             if name == b"content-length" and int(value) > limit:  # h11 checked it is numeric
                 raise RequestTooLarge(f"request body exceeds {limit} bytes")
-        if self.h11.they_are_waiting_for_100_continue:
-            await self.stream.send_all(self.h11.send(h11.InformationalResponse(status_code=100)))
+        await self.send_continue_if_awaited()
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(self.limits.body_timeout_s):
@@ -297,9 +318,16 @@ class Connection:
             status, body = 431, HeadersTooLarge("request headers too large").body()
         else:
             status, body = 400, InvalidRequest(f"malformed HTTP request: {error}").body()
-        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+        if not self.answered:
             await self.send(status, [_JSON], body, close=True)
             await self.linger()
+
+    async def send_continue_if_awaited(self) -> None:
+        """`100 Continue` before the first read of a body the caller holds back for it."""
+        waiting = self.h11.they_are_waiting_for_100_continue
+        if waiting and not (self.continue_sent or self.answered):
+            self.continue_sent = True
+            await self.stream.send_all(CONTINUE)
 
     async def send(
         self,
@@ -309,16 +337,14 @@ class Connection:
         *,
         close: bool,
         head_only: bool = False,
+        length: int | None = None,
     ) -> None:
-        headers = [*headers, (b"content-length", str(len(body)).encode())]
-        if close:
-            headers.append((b"connection", b"close"))
-        head = h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
-        await self.stream.send_all(
-            self.h11.send(head)
-            + self.h11.send(h11.Data(data=b"" if head_only else body))
-            + self.h11.send(h11.EndOfMessage())
-        )
+        """Write one whole answer (its head only for HEAD, where `length` may declare the
+        size of the body a GET would get). InvalidAnswer, with nothing written, if the head
+        cannot be written as given."""
+        head = answer_head(status, headers, len(body) if length is None else length, close=close)
+        self.answered = True
+        await self.stream.send_all(head if head_only else head + body)
 
     async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a

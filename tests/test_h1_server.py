@@ -344,3 +344,33 @@ async def test_unix_socket_listener(tmp_path):
         assert status == 200 and json.loads(body)["path"] == "/uds"
         await stream.aclose()
         stop.set()
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_read(serve):
+    running = await serve()
+    stream = await running.connect()
+    body = b'{"a": 1}'
+    head = request(body=body, extra="Expect: 100-continue\r\n")[: -len(body)]
+    await stream.send_all(head)
+    got = b""
+    with trio.fail_after(5):
+        while not got.endswith(b"\r\n\r\n"):
+            got += await stream.receive_some(65536)
+    assert got == b"HTTP/1.1 100 Continue\r\n\r\n"
+    await stream.send_all(body)
+    [(status, _, answer)] = await read_answers(stream, 1)
+    assert status == 200 and json.loads(answer)["body"] == body.decode()
+
+
+async def test_a_handler_header_that_would_inject_a_line_is_a_500(serve):
+    async def injecting(method, path, body):
+        if path == "/bad":
+            return 200, [(b"x-a", b"v\r\nset-cookie: evil=1")], b"{}"
+        return 200, JSON, b"{}"
+
+    running = await serve(injecting)
+    stream = await running.connect()
+    await stream.send_all(request("/bad") + request("/good"))
+    [(first, headers, _), (second, _, _)] = await read_answers(stream, 2)
+    assert first == 500 and "set-cookie" not in headers
+    assert second == 200  # the connection lives on

@@ -132,7 +132,7 @@ async def test_pipelined_request_during_a_dispatch_is_answered_after_it():
             await client.stream.send_all(both)
             while not calls:
                 await trio.sleep(0.01)
-            await trio.sleep(0.05)  # the watcher has read the second request by now
+            await trio.sleep(0.05)  # the watcher has seen the second request (left unread)
             assert calls == ["/v1/embeddings"]
             release.set()
             assert (await client.answer())[0] == 200
@@ -198,3 +198,105 @@ async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
     assert answers[0][0] == 200
     assert answers[0][1][b"connection"] == b"close"
     assert app._watch_nursery is None  # lifespan shut down after the connections
+
+
+async def test_get_routes_keep_the_connection_and_http_1_0_closes_it():
+    app, _ = build()
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            for _ in range(2):  # the app never reads a GET's (empty) body
+                await client.stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                status, headers, _ = await client.answer(b"GET")
+                assert status == 200 and b"connection" not in headers
+            old = await trio.open_tcp_stream("127.0.0.1", port)
+            await old.send_all(b"GET /health HTTP/1.0\r\n\r\n")
+            answer = b""
+            while data := await old.receive_some(65536):
+                answer += data  # read until the server closes
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert b"\r\nconnection: close\r\n" in answer
+
+
+def _scripted_app(*messages: dict):
+    """An ASGI app that sends `messages` as they are (a lifespan is simply not spoken)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await receive()
+        for message in messages:
+            await send(message)
+
+    return app
+
+
+def _start(*headers: tuple[bytes, bytes]) -> dict:
+    return {"type": "http.response.start", "status": 200, "headers": list(headers)}
+
+
+def _body(data: bytes, more: bool = False) -> dict:
+    return {"type": "http.response.body", "body": data, "more_body": more}
+
+
+async def _answer_of(app) -> tuple[int, dict[bytes, bytes], bytes]:
+    async with served(app) as (port, _):
+        client = await connect(port)
+        await client.stream.send_all(post("/x", b"{}"))
+        return await client.answer()
+
+
+async def test_a_streamed_answer_is_written_whole_with_its_length():
+    app = _scripted_app(
+        _start((b"content-type", b"text/plain"), (b"transfer-encoding", b"chunked")),
+        _body(b"one ", more=True),
+        _body(b"", more=True),
+        _body(b"two"),
+    )
+    with trio.fail_after(5):
+        status, headers, body = await _answer_of(app)
+    assert (status, body) == (200, b"one two")
+    assert headers[b"content-length"] == b"7" and b"transfer-encoding" not in headers
+
+
+async def test_an_app_declaring_a_wrong_length_gets_a_500():
+    app = _scripted_app(_start((b"content-length", b"10")), _body(b"short"))
+    with trio.fail_after(5):
+        status, _, body = await _answer_of(app)
+    assert status == 500 and json.loads(body)["error"]["code"] == "internal_error"
+
+
+async def test_an_app_header_that_would_inject_a_line_gets_a_500():
+    app = _scripted_app(_start((b"x-name", b"a\r\nset-cookie: evil=1")), _body(b"{}"))
+    with trio.fail_after(5):
+        status, headers, _ = await _answer_of(app)
+    assert status == 500 and b"set-cookie" not in headers
+
+
+async def test_an_app_failing_half_way_through_its_answer_gets_a_clean_500():
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await receive()
+            await send(_start())
+            await send(_body(b"partial", more=True))
+            raise RuntimeError("app bug")
+
+    with trio.fail_after(5):
+        status, _, body = await _answer_of(app)
+    assert status == 500 and b"partial" not in body
+
+
+async def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
+    app, core = build()
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            head = post("/v1/embeddings", EMBED, b"Expect: 100-continue")[: -len(EMBED)]
+            await client.stream.send_all(head)
+            got = b""
+            while not got.endswith(b"\r\n\r\n"):
+                got += await client.stream.receive_some(65536)
+            assert got == b"HTTP/1.1 100 Continue\r\n\r\n"
+            await client.stream.send_all(EMBED)
+            assert (await client.answer())[0] == 200
+    assert len(core.calls) == 1

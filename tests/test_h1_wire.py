@@ -1,0 +1,78 @@
+"""sr.h1_wire: the answer heads sr writes, and h11's keep-alive rule."""
+
+from __future__ import annotations
+
+import h11
+import pytest
+
+from sr.h1_wire import InvalidAnswer, answer_head, request_keeps_alive
+
+JSON = (b"content-type", b"application/json")
+
+
+def test_head_declares_the_length_and_ends_in_a_blank_line():
+    head = answer_head(200, [JSON, (b"X-Sr-Replica", b"r-1")], 17, close=False)
+    assert head == (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nX-Sr-Replica: r-1\r\n"
+        b"content-length: 17\r\n\r\n"
+    )
+
+
+def test_close_is_declared_and_an_unknown_status_has_an_empty_reason():
+    assert answer_head(599, [], 0, close=True) == (
+        b"HTTP/1.1 599 \r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )
+
+
+def test_framing_headers_are_the_servers_alone():
+    given = [(b"Content-Length", b"999"), (b"transfer-encoding", b"chunked"), (b"Connection", b"x")]
+    assert (
+        answer_head(204, given, 0, close=False)
+        == b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"x-a", b"one\r\nset-cookie: evil")],  # header injection
+        [(b"x-a", b"one\nx-b: two")],
+        [(b"x-a", b"nul\0")],
+        [(b"bad name", b"v")],
+        [(b"", b"v")],
+        [(b"x-a\r\n", b"v")],
+        [("x-a", "text, not bytes")],
+        [(b"x-a",)],
+    ],
+)
+def test_headers_that_cannot_be_written_are_refused(headers):
+    with pytest.raises(InvalidAnswer):
+        answer_head(200, headers, 0, close=False)
+
+
+@pytest.mark.parametrize("status", [99, 1000, -1, "200", None])
+def test_status_must_be_three_digits(status):
+    with pytest.raises(InvalidAnswer):
+        answer_head(status, [], 0, close=False)
+
+
+def _request(version: bytes = b"1.1", *headers: tuple[bytes, bytes]) -> h11.Request:
+    return h11.Request(
+        method="GET", target="/", headers=[(b"host", b"x"), *headers], http_version=version
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "keeps"),
+    [
+        (_request(), True),
+        (_request(b"1.1", (b"connection", b"keep-alive")), True),
+        (_request(b"1.1", (b"connection", b"Close")), False),
+        (_request(b"1.1", (b"connection", b"keep-alive, close")), False),
+        (_request(b"1.1", (b"connection", b"x-close")), True),  # a token, not a substring
+        (_request(b"1.0"), False),
+        (_request(b"1.0", (b"connection", b"keep-alive")), False),  # as h11 decides
+    ],
+)
+def test_request_keeps_alive_follows_h11s_rule(request_, keeps):
+    assert request_keeps_alive(request_) is keeps
