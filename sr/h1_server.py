@@ -35,6 +35,7 @@ import attrs
 import h11
 import trio
 
+from sr import sockio
 from sr.asgi import BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
 from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head, request_keeps_alive
@@ -175,6 +176,7 @@ class Connection:
         # parses; answers are written by sr.h1_wire, so h11 never sees them.
         self.answered = False
         self.continue_sent = False
+        self.waited = False  # whether this request cycle waited for the caller's bytes
 
     def _new_parser(self) -> h11.Connection:
         return h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
@@ -196,6 +198,10 @@ class Connection:
                 return
             if self.h11.their_state is not h11.DONE:
                 return
+            if not self.waited:
+                # The request was already buffered (pipelined): sr.sockio's reads and
+                # writes are no checkpoints, so let other connections run before the next.
+                await trio.lowlevel.checkpoint()
             self._next_cycle()
 
     def _next_cycle(self) -> None:
@@ -207,7 +213,7 @@ class Connection:
             self.h11.receive_data(pending)
         if closed:
             self.h11.receive_data(b"")
-        self.answered = self.continue_sent = False
+        self.answered = self.continue_sent = self.waited = False
 
     async def _next_request(self) -> h11.Request | None:
         """The next request head; None when the connection should just close (caller gone,
@@ -303,7 +309,8 @@ class Connection:
         """One read from the caller into h11; PeerGone once it has closed."""
         if self.eof:
             raise PeerGone()
-        data = await self.stream.receive_some(READ_CHUNK)
+        data, waited = await sockio.receive_some_noting_wait(self.stream, READ_CHUNK)
+        self.waited = self.waited or waited
         self.eof = not data
         self.h11.receive_data(data)
 
@@ -327,7 +334,7 @@ class Connection:
         waiting = self.h11.they_are_waiting_for_100_continue
         if waiting and not (self.continue_sent or self.answered):
             self.continue_sent = True
-            await self.stream.send_all(CONTINUE)
+            await sockio.send_all(self.stream, CONTINUE)
 
     async def send(
         self,
@@ -344,7 +351,7 @@ class Connection:
         cannot be written as given."""
         head = answer_head(status, headers, len(body) if length is None else length, close=close)
         self.answered = True
-        await self.stream.send_all(head if head_only else head + body)
+        await sockio.send_all(self.stream, head if head_only else head + body)
 
     async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a

@@ -374,3 +374,27 @@ async def test_a_handler_header_that_would_inject_a_line_is_a_500(serve):
     [(first, headers, _), (second, _, _)] = await read_answers(stream, 2)
     assert first == 500 and "set-cookie" not in headers
     assert second == 200  # the connection lives on
+
+
+async def test_a_pipelining_caller_cannot_starve_other_connections(serve):
+    """Reads and writes that need not wait are no checkpoints (sr.sockio), so a cycle that
+    found its request already buffered yields before the next: another caller's request
+    is served among the pipelined ones, not after all of them. Both connections wake in
+    the same scheduler pass; without that yield the pipelining one would run to the end
+    of its batch whenever trio happened to run it first, so a few rounds catch it."""
+    for _ in range(5):
+        handler = Echo()
+        running = await serve(handler)
+        greedy = socket.create_connection(("127.0.0.1", running.port))
+        polite = socket.create_connection(("127.0.0.1", running.port))
+        try:
+            greedy.sendall(b"".join(request(f"/greedy/{i}") for i in range(100)))
+            polite.sendall(request("/polite"))
+            with trio.fail_after(5):
+                while len(handler.calls) < 101:
+                    await trio.sleep(0.01)
+        finally:
+            greedy.close()
+            polite.close()
+        order = [path for _, path, _ in handler.calls]
+        assert order.index("/polite") < 10, order[:12]

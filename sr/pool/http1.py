@@ -27,6 +27,8 @@ import re
 
 import trio
 
+from sr import sockio
+
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDLE = 32
 MAX_HEAD_BYTES = 16384  # the same bound h11 put on an answer's head
@@ -91,13 +93,13 @@ class Http1Pool:
         conn, reused = await self._checkout()
         try:
             try:
-                await conn.stream.send_all(wire)
+                await sockio.send_all(conn.stream, wire)
             except (trio.BrokenResourceError, OSError) as error:
                 if not reused:
                     raise Http1Error(f"send failed: {error!r}") from error
                 conn.close()  # the worker closed it while idle: try once on a fresh one
                 conn, reused = await self._checkout(fresh=True)
-                await conn.stream.send_all(wire)
+                await sockio.send_all(conn.stream, wire)
             status, headers, body, keep = await self._read_answer(conn, method == "HEAD")
         except BaseException as error:
             conn.close()
@@ -148,14 +150,14 @@ class Http1Pool:
         self, conn: _Connection, head_request: bool
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """(status, headers, body, keep-alive) of the next final answer on `conn`."""
-        receive = conn.stream.receive_some
+        stream = conn.stream
         data = b""
         while True:  # one pass per answer head; 1xx heads are skipped
             end = data.find(b"\r\n\r\n")
             while end < 0:
                 if len(data) > MAX_HEAD_BYTES:
                     raise Http1Error(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
-                chunk = await receive(_READ_CHUNK)
+                chunk = await sockio.receive_some(stream, _READ_CHUNK)
                 if not chunk:
                     raise Http1Error(_CLOSED_EARLY)
                 searched = max(0, len(data) - 3)
@@ -177,7 +179,9 @@ class Http1Pool:
             chunks = [data]
             have = len(data)
             while have < length:
-                chunk = await receive(max(_READ_CHUNK, min(length - have, 1 << 20)))
+                chunk = await sockio.receive_some(
+                    stream, max(_READ_CHUNK, min(length - have, 1 << 20))
+                )
                 if not chunk:
                     raise Http1Error(_CLOSED_EARLY)
                 chunks.append(chunk)

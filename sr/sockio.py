@@ -1,0 +1,73 @@
+"""Socket reads and writes that go through trio's scheduler only when they must wait.
+
+trio makes every socket operation a checkpoint: a `send` or `recv` that succeeds at once
+still yields to the run loop afterwards (a pass through the scheduler and an `epoll_wait`
+system call). A request through the router met four such yields on the caller's critical
+path: reading the request, writing it to the worker, reading the worker's answer, writing
+the answer (docs/benchmarks.md). These helpers try the non-blocking system call first and
+wait for readiness, a cancellable checkpoint, only when it would block; trio's public
+`wait_readable` / `wait_writable` on the socket's descriptor do the waiting.
+
+What trio's streams gave that is kept: errors become `trio.BrokenResourceError` (reset,
+broken pipe) or `trio.ClosedResourceError` (the socket was closed here). What is not:
+a read or write that need not wait is no checkpoint, so a loop built only of such calls
+never lets other tasks run. sr.h1_server adds a checkpoint to any request cycle that never
+waited (a pipelining caller cannot starve other connections); the hop client always waits
+for its worker's answer. Streams that are not sockets fall back to their own methods.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+
+async def receive_some(stream: trio.abc.Stream, max_bytes: int) -> bytes:
+    """Up to `max_bytes` bytes; b"" at end of stream."""
+    data, _ = await receive_some_noting_wait(stream, max_bytes)
+    return data
+
+
+async def receive_some_noting_wait(stream: trio.abc.Stream, max_bytes: int) -> tuple[bytes, bool]:
+    """Up to `max_bytes` bytes (b"" at end of stream), and whether the read had to wait."""
+    if type(stream) is not trio.SocketStream:
+        return await stream.receive_some(max_bytes), True
+    sock = stream.socket
+    waited = False
+    while True:
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            return os.read(fd, max_bytes), waited
+        except BlockingIOError:
+            pass
+        except OSError as error:
+            raise trio.BrokenResourceError(f"read failed: {error!r}") from error
+        await trio.lowlevel.wait_readable(sock)
+        waited = True
+
+
+async def send_all(stream: trio.abc.Stream, data: bytes) -> None:
+    """All of `data`, waiting only while the socket's send buffer is full."""
+    if type(stream) is not trio.SocketStream:
+        await stream.send_all(data)
+        return
+    sock = stream.socket
+    if sock.did_shutdown_SHUT_WR:
+        raise trio.ClosedResourceError("cannot send after sending EOF")
+    view = memoryview(data)
+    sent = 0
+    while sent < len(view):
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the socket was closed")
+        try:
+            sent += os.write(fd, view[sent:])
+            continue
+        except BlockingIOError:
+            pass
+        except OSError as error:
+            raise trio.BrokenResourceError(f"write failed: {error!r}") from error
+        await trio.lowlevel.wait_writable(sock)
