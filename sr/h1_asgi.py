@@ -1,8 +1,8 @@
 """An ASGI app (the router's front end) served by sr.h1_server (`adapter=AsgiAdapter(app)`).
 
 Per request the app gets a `scope` (method, path, raw_path, query_string, lower-case
-headers), a `receive` that streams the body as h11 hands it over and, once the body is
-complete, waits on the socket and answers `http.disconnect` when the caller hangs up, and a
+headers), a `receive` that streams the body as the parser hands it over and, once the body
+is complete, waits on the socket and answers `http.disconnect` when the caller hangs up, and a
 `send` whose answer is written whole (head and body in one socket write, with its
 Content-Length) when the last body message arrives. Nothing reads the socket while the app
 runs unless the app is in `receive()` for the body; the hang-up watch only waits for the
@@ -19,11 +19,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import h11
 import trio
 
+from sr.errors import RequestError
+from sr.h1_parse import CLOSED, END, NEED_DATA, RequestHead
 from sr.h1_server import Connection, PeerGone
-from sr.h1_wire import InvalidAnswer, request_keeps_alive
+from sr.h1_wire import InvalidAnswer
 
 AsgiApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
@@ -77,7 +78,7 @@ class AsgiAdapter:
     async def answer(
         self,
         connection: Connection,
-        request: h11.Request,
+        request: RequestHead,
         method: str,
         path: str,
         raw_path: bytes,
@@ -106,11 +107,10 @@ class _Exchange:
     once the app sends its last body message (the router's answers are small and never
     streamed), so an app that fails half-way still gets a clean 500."""
 
-    def __init__(self, connection: Connection, request: h11.Request) -> None:
+    def __init__(self, connection: Connection, request: RequestHead) -> None:
         self.connection = connection
-        self.h11 = connection.h11
+        self.request = request
         self.head_only = request.method == b"HEAD"
-        self.keep_alive = request_keeps_alive(request)
         self.body_done = False
         self.gone = False
         self.start: dict | None = None
@@ -148,34 +148,34 @@ class _Exchange:
             return await self._wait_for_hang_up()
         if not self.finished:
             try:
-                await self.connection.send_continue_if_awaited()
+                await self.connection.send_continue_if_awaited(self.request)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.gone = True
                 return _DISCONNECT
         chunks: list[bytes] = []
         while True:
             try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError:  # a broken chunked body: nothing more to read
+                event = self.connection.take_event()
+            except RequestError:  # a broken chunked body: nothing more to read
                 self.gone = True
                 return _DISCONNECT
-            if event is h11.NEED_DATA:
+            if event is NEED_DATA:
                 if chunks:  # hand over what has arrived; more follows
                     return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
                 if not await self._read():
                     return _DISCONNECT
-            elif isinstance(event, h11.Data):
-                chunks.append(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+            elif event is END:
                 self.body_done = True
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 return {"type": "http.request", "body": body, "more_body": False}
-            else:  # ConnectionClosed
+            elif event is CLOSED:
                 self.gone = True
                 return _DISCONNECT
+            else:
+                chunks.append(event)
 
     async def _read(self) -> bool:
-        """More bytes into h11; False (and gone) when the caller closed."""
+        """More bytes into the parser; False (and gone) when the caller closed."""
         try:
             await self.connection.receive_more()
         except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -244,17 +244,17 @@ class _Exchange:
         carry the next request instead of closing."""
         while not self.body_done:
             try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError:
+                event = self.connection.take_event()
+            except RequestError:
                 return
-            if isinstance(event, h11.EndOfMessage):
+            if event is END:
                 self.body_done = True
-            elif not isinstance(event, h11.Data):
+            elif not isinstance(event, bytes):
                 return  # more is still to come (or the caller closed): not readable now
 
     def _must_close(self) -> bool:
         stopping = self.connection.server.stopping
-        return stopping or not self.body_done or not self.keep_alive
+        return stopping or not self.body_done or not self.request.keep_alive
 
     async def _write(self, status: int, headers, body: bytes, length: int) -> None:
         self._drop_unread_body()

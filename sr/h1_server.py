@@ -1,4 +1,4 @@
-"""sr's HTTP/1.1 server: h11 over trio streams, for the worker and the router's front end.
+"""sr's HTTP/1.1 server over trio streams, for the worker and the router's front end.
 
 It exists because hypercorn cost about half a millisecond of CPU per request (bench/
 narrative.md): on the worker that CPU competes with the model's forwards, on the router it
@@ -8,11 +8,12 @@ was most of the hop's overhead. The worker's handler is called directly,
 hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
+* requests parsed by llhttp (sr.h1_parse); answers written by sr.h1_wire, whole and with
+  their length; socket reads and writes by sr.sockio (a checkpoint only when waiting);
 * keep-alive, one request at a time per connection; pipelined requests are answered in
-  order (h11 buffers what arrives early; while a request is served nothing more is read);
-* h11 parses every request; answers are written by sr.h1_wire (sr makes every answer
-  itself, whole and with its length, so h11's general answer machinery bought nothing);
-* Content-Length and chunked request bodies (h11), capped in size (413, from the declared
+  order (what arrives early waits in the parser; while a request is served nothing more
+  is read);
+* Content-Length and chunked request bodies, capped in size (413, from the declared
   length and while reading) and in time (408 when the body is not complete in time);
 * a header-size cap (431), malformed requests answered 400 and the connection closed;
 * an idle keep-alive timeout, `Connection: close` honoured, every answer with Content-Length;
@@ -32,13 +33,13 @@ from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
 import attrs
-import h11
 import trio
 
 from sr import sockio
 from sr.asgi import BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
-from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head, request_keeps_alive
+from sr.h1_parse import END, NEED_DATA, RequestHead, RequestParser
+from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 Handler = Callable[[str, str, bytes], Awaitable[Response]]
@@ -48,7 +49,7 @@ class Adapter(Protocol):
     """What serves an app other than a plain handler (sr.h1_asgi.AsgiAdapter)."""
 
     async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
-    async def answer(self, connection: Connection, request: h11.Request, method: str,
+    async def answer(self, connection: Connection, request: RequestHead, method: str,
                      path: str, raw_path: bytes, query: bytes) -> bool: ...  # fmt: skip
 
 
@@ -60,10 +61,6 @@ _JSON = (b"content-type", b"application/json")
 _LINGER_S = 1.0
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-
-
-class HeadersTooLarge(RequestError):
-    status, code = 431, "request_header_fields_too_large"
 
 
 @attrs.frozen
@@ -169,17 +166,14 @@ class Connection:
         self.server = server
         self.limits = server.limits
         self.stream = stream
-        self.h11 = self._new_parser()
+        self.parser = RequestParser(self.limits.max_header_bytes)
         self._idle_scope: trio.CancelScope | None = None
         self.eof = False
-        # Per request: whether the answer (or a `100 Continue`) has been written. h11 only
-        # parses; answers are written by sr.h1_wire, so h11 never sees them.
-        self.answered = False
+        # Per request cycle.
+        self.request_done = False  # its body was read to the end
+        self.answered = False  # its answer was written
         self.continue_sent = False
-        self.waited = False  # whether this request cycle waited for the caller's bytes
-
-    def _new_parser(self) -> h11.Connection:
-        return h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        self.waited = False  # reading it had to wait for the caller's bytes
 
     def stop_if_idle(self) -> None:
         """Shutdown: a connection waiting for its next request closes now."""
@@ -194,28 +188,15 @@ class Connection:
             keep_alive = await self._answer(request)
             if self.server.after_answer is not None:
                 self.server.after_answer()
-            if not (keep_alive and self.answered):
-                return
-            if self.h11.their_state is not h11.DONE:
+            if not (keep_alive and self.answered and self.request_done):
                 return
             if not self.waited:
                 # The request was already buffered (pipelined): sr.sockio's reads and
                 # writes are no checkpoints, so let other connections run before the next.
                 await trio.lowlevel.checkpoint()
-            self._next_cycle()
+            self.request_done = self.answered = self.continue_sent = self.waited = False
 
-    def _next_cycle(self) -> None:
-        """A fresh parser for the next request, holding what already arrived of it (h11's
-        own `start_next_cycle` needs to have written the answer through h11)."""
-        pending, closed = self.h11.trailing_data
-        self.h11 = self._new_parser()
-        if pending:
-            self.h11.receive_data(pending)
-        if closed:
-            self.h11.receive_data(b"")
-        self.answered = self.continue_sent = self.waited = False
-
-    async def _next_request(self) -> h11.Request | None:
+    async def _next_request(self) -> RequestHead | None:
         """The next request head; None when the connection should just close (caller gone,
         idle too long, shutting down). Malformed or oversized heads are answered here."""
         self._idle_scope = trio.CancelScope(
@@ -225,21 +206,16 @@ class Connection:
         try:
             with self._idle_scope:
                 event = await self.next_event()
-        except h11.RemoteProtocolError as error:
+        except RequestError as error:  # malformed (400) or too large (431)
             await self._refuse(error)
             return None
         finally:
             self._idle_scope = None
-        if not isinstance(event, h11.Request):
-            return None  # idle timeout, shutdown, or the caller closed (ConnectionClosed)
-        # h11 caps a head that arrives in pieces; one that arrived whole is measured here.
-        size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
-        if size > self.limits.max_header_bytes:
-            await self._refuse(HeadersTooLarge("request headers too large"))
-            return None
-        return event  # idle timeout, shutdown, or the caller closed (ConnectionClosed)
+        if not isinstance(event, RequestHead):
+            return None  # idle timeout, shutdown, or the caller closed
+        return event
 
-    async def _answer(self, request: h11.Request) -> bool:
+    async def _answer(self, request: RequestHead) -> bool:
         """Read the body, call the handler, write the answer. True if the connection may
         carry another request."""
         try:
@@ -253,12 +229,8 @@ class Connection:
             return await self.server.adapter.answer(self, request, method, path, raw_path, query)
         try:
             body = await self._read_body(request)
-        except h11.RemoteProtocolError as error:
+        except RequestError as error:  # malformed, too large, too slow
             await self._refuse(error)
-            return False
-        except RequestError as error:  # too large, too slow
-            await self.send(error.status, [_JSON], error.body(), close=True)
-            await self.linger()
             return False
         try:
             status, headers, payload = await self.server.handler(method, path, body)
@@ -267,7 +239,7 @@ class Connection:
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
         head_only = request.method == b"HEAD"  # same head as GET, body never sent
-        close = self.server.stopping or not request_keeps_alive(request)
+        close = self.server.stopping or not request.keep_alive
         try:
             await self.send(status, headers, payload, close=close, head_only=head_only)
         except InvalidAnswer:
@@ -276,63 +248,65 @@ class Connection:
             await self.send(error.status, [_JSON], error.body(), close=close)
         return not close
 
-    async def _read_body(self, request: h11.Request) -> bytes:
+    async def _read_body(self, request: RequestHead) -> bytes:
         limit = self.limits.max_body_bytes
         for name, value in request.headers:
-            if name == b"content-length" and int(value) > limit:  # h11 checked it is numeric
+            if name == b"content-length" and int(value) > limit:  # llhttp checked the digits
                 raise RequestTooLarge(f"request body exceeds {limit} bytes")
-        await self.send_continue_if_awaited()
+        await self.send_continue_if_awaited(request)
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(self.limits.body_timeout_s):
             while True:
                 event = await self.next_event()
-                if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > limit:
-                        raise RequestTooLarge(f"request body exceeds {limit} bytes")
-                    chunks.append(event.data)
-                elif isinstance(event, h11.EndOfMessage):
+                if event is END:
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                else:  # ConnectionClosed before the body was complete
+                if not isinstance(event, bytes):  # closed before the body was complete
                     raise PeerGone()
+                size += len(event)
+                if size > limit:
+                    raise RequestTooLarge(f"request body exceeds {limit} bytes")
+                chunks.append(event)
         raise BodyReadTimeout(f"request body not complete within {self.limits.body_timeout_s:g}s")
+
+    def take_event(self):
+        """The next parsed event without reading (NEED_DATA if none); RequestError for a
+        request that cannot be parsed."""
+        event = self.parser.next_event()
+        if event is END:
+            self.request_done = True
+        return event
 
     async def next_event(self):
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
+            event = self.take_event()
+            if event is not NEED_DATA:
                 return event
             await self.receive_more()
 
     async def receive_more(self) -> None:
-        """One read from the caller into h11; PeerGone once it has closed."""
+        """One read from the caller into the parser; PeerGone once it has closed."""
         if self.eof:
             raise PeerGone()
         data, waited = await sockio.receive_some_noting_wait(self.stream, READ_CHUNK)
         self.waited = self.waited or waited
         self.eof = not data
-        self.h11.receive_data(data)
+        self.parser.feed(data)
 
-    async def _refuse(self, error: h11.RemoteProtocolError | RequestError) -> None:
+    async def _refuse(self, error: RequestError) -> None:
         """Answer a request that cannot be served (if the caller is still there), then the
         connection closes."""
         if self.eof:
-            raise PeerGone()  # e.g. closed mid-body: h11 calls that a protocol error
-        if isinstance(error, RequestError):
-            status, body = error.status, error.body()
-        elif error.error_status_hint == 431:
-            status, body = 431, HeadersTooLarge("request headers too large").body()
-        else:
-            status, body = 400, InvalidRequest(f"malformed HTTP request: {error}").body()
+            raise PeerGone()
         if not self.answered:
-            await self.send(status, [_JSON], body, close=True)
+            await self.send(error.status, [_JSON], error.body(), close=True)
             await self.linger()
 
-    async def send_continue_if_awaited(self) -> None:
-        """`100 Continue` before the first read of a body the caller holds back for it."""
-        waiting = self.h11.they_are_waiting_for_100_continue
-        if waiting and not (self.continue_sent or self.answered):
+    async def send_continue_if_awaited(self, request: RequestHead) -> None:
+        """`100 Continue` before waiting for a body the caller holds back for it."""
+        if not request.expects_continue or self.continue_sent or self.answered:
+            return
+        if not self.parser.has_pending():  # none of the body has arrived yet
             self.continue_sent = True
             await sockio.send_all(self.stream, CONTINUE)
 

@@ -1,10 +1,10 @@
-"""The bytes sr's HTTP/1.1 server writes: answer heads, `100 Continue`, keep-alive rules.
+"""The bytes sr's HTTP/1.1 server writes: answer heads and `100 Continue`.
 
-h11 parses every request (sr.h1_server); answers are written here instead of through h11's
-state machine. sr writes only answers of its own making, each complete in one piece with a
-Content-Length, so the general machinery (event objects, header normalisation, framing
-choice) bought nothing, and it was the largest single cost left on the router's answer path
-(docs/benchmarks.md: about 20 us of 48 per request cycle in isolation, 70 us in the router).
+Answers are written here rather than through h11's state machine: sr writes only answers
+of its own making, each complete in one piece with a Content-Length, so the general
+machinery (event objects, header normalisation, framing choice) bought nothing, and it was
+the largest single cost left on the router's answer path (docs/benchmarks.md: about 20 us
+of 48 per request cycle in isolation, 70 us in the router).
 What h11 checked on the way out is checked here: the status is three digits, header names
 are tokens, header values carry no CR, LF or NUL (no header injection), and the server
 alone frames the answer (Content-Length, Connection).
@@ -15,8 +15,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
-
-import h11
 
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -54,14 +52,3 @@ def answer_head(
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
-
-
-def request_keeps_alive(request: h11.Request) -> bool:
-    """Whether the caller lets the connection carry another request after this one (the
-    rule h11 applies): HTTP/1.1 without a `Connection: close`."""
-    if request.http_version < b"1.1":
-        return False
-    for name, value in request.headers:
-        if name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b",")):
-            return False
-    return True

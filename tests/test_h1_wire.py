@@ -1,11 +1,10 @@
-"""sr.h1_wire: the answer heads sr writes, and h11's keep-alive rule."""
+"""sr.h1_wire: the answer heads sr writes."""
 
 from __future__ import annotations
 
-import h11
 import pytest
 
-from sr.h1_wire import InvalidAnswer, answer_head, request_keeps_alive
+from sr.h1_wire import InvalidAnswer, answer_head
 
 JSON = (b"content-type", b"application/json")
 
@@ -54,25 +53,3 @@ def test_headers_that_cannot_be_written_are_refused(headers):
 def test_status_must_be_three_digits(status):
     with pytest.raises(InvalidAnswer):
         answer_head(status, [], 0, close=False)
-
-
-def _request(version: bytes = b"1.1", *headers: tuple[bytes, bytes]) -> h11.Request:
-    return h11.Request(
-        method="GET", target="/", headers=[(b"host", b"x"), *headers], http_version=version
-    )
-
-
-@pytest.mark.parametrize(
-    ("request_", "keeps"),
-    [
-        (_request(), True),
-        (_request(b"1.1", (b"connection", b"keep-alive")), True),
-        (_request(b"1.1", (b"connection", b"Close")), False),
-        (_request(b"1.1", (b"connection", b"keep-alive, close")), False),
-        (_request(b"1.1", (b"connection", b"x-close")), True),  # a token, not a substring
-        (_request(b"1.0"), False),
-        (_request(b"1.0", (b"connection", b"keep-alive")), False),  # as h11 decides
-    ],
-)
-def test_request_keeps_alive_follows_h11s_rule(request_, keeps):
-    assert request_keeps_alive(request_) is keeps
