@@ -1,6 +1,6 @@
 """Small ASGI helpers for the router's front end.
 
-The front end is a plain ASGI callable (no framework), served by sr's own h11 server
+The front end is a plain ASGI callable (no framework), served by sr's own HTTP/1.1 server
 (sr.h1_server through sr.h1_asgi) to keep the per-request hop lean. Every body read is
 capped in size and in time: a client that trickles its body cannot hold a connection and a
 task for ever.

@@ -31,7 +31,7 @@ from sr import sockio
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDLE = 32
-MAX_HEAD_BYTES = 16384  # the same bound h11 put on an answer's head
+MAX_HEAD_BYTES = 16384  # the same bound the server puts on a request head
 _READ_CHUNK = 65536
 _CLOSED_EARLY = "worker closed the connection before a complete answer"
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: [^\r\n]*)?")

@@ -1,7 +1,7 @@
 """How the pool talks to one worker: a small interface with two implementations.
 
-* `HttpTransport` — HTTP/1.1 (sr.pool.http1: h11 over trio) over a Unix socket (managed
-  workers) or to a base URL (attached workers), one pool of kept-alive connections per
+* `HttpTransport` — HTTP/1.1 (sr.pool.http1, a strict client over trio) over a Unix
+  socket (managed workers) or to a base URL (attached workers), kept-alive connections per
   replica. `HttpxTransport` is the same over httpx, kept for benchmarks: docs/benchmarks.md
   measures both on the router-to-worker hop.
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.

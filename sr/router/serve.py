@@ -142,7 +142,7 @@ async def _serve_http(
     done: trio.CancelScope,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """sr's h11 server until `stop` (graceful: in-flight requests finish within
+    """sr's HTTP/1.1 server until `stop` (graceful: in-flight requests finish within
     HTTP_GRACE_S), then end the serve. `task_status.started(urls)` once listening."""
     server = H1Server(adapter=AsgiAdapter(app), limits=ROUTER_HTTP_LIMITS)
     listeners, binds = await open_listeners(host=host, port=port)

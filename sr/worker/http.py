@@ -1,4 +1,4 @@
-"""The worker's HTTP face: `WorkerService.handle` served by sr's h11 server
+"""The worker's HTTP face: `WorkerService.handle` served by sr's HTTP/1.1 server
 (sr.h1_server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
 
 from __future__ import annotations
