@@ -67,11 +67,15 @@ def worker_env() -> dict[str, str]:
 
 
 def incompatibility(deployment: Deployment, card: dict) -> str | None:
-    """Why a worker's card does not match the deployment's artifact or engine caps, or
-    None. A card that names no artifact is not held against the worker."""
+    """Why a worker's card does not match the deployment's artifact, pinned revision or
+    engine caps, or None (SPEC section 3: all replicas share them). A card that does not
+    mention a field is not held against the worker."""
     served = card.get("artifact") or card.get("id")
     if served is not None and str(served).rstrip("/") != deployment.artifact.rstrip("/"):
         return f"artifact: deployment serves {deployment.artifact!r}, worker serves {served!r}"
+    pinned = deployment.revision
+    if pinned is not None and "revision" in card and card["revision"] != pinned:
+        return f"revision: deployment pins {pinned!r}, worker serves {card['revision']!r}"
     limits = card.get("limits") or {}
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         wanted = getattr(deployment, key)

@@ -120,6 +120,17 @@ def test_card_artifact_mismatch_is_an_incompatibility():
     assert "worker serves 'x'" in incompatibility(deployment, {"id": "x"})
 
 
+def test_card_revision_other_than_the_pinned_one_is_an_incompatibility():
+    pinned = Deployment(artifact="/models/tiny", device="cpu", revision="v2")
+    assert incompatibility(pinned, {"artifact": "/models/tiny", "revision": "v2"}) is None
+    assert incompatibility(pinned, {"artifact": "/models/tiny"}) is None  # says nothing
+    why = incompatibility(pinned, {"artifact": "/models/tiny", "revision": "v1"})
+    assert why == "revision: deployment pins 'v2', worker serves 'v1'"
+    assert "worker serves None" in incompatibility(pinned, {"revision": None})  # unpinned
+    unpinned = Deployment(artifact="/models/tiny", device="cpu")
+    assert incompatibility(unpinned, {"artifact": "/models/tiny", "revision": "v1"}) is None
+
+
 def test_attached_replicas_are_never_terminal_managed_ones_are():
     for state in (S.FAILED, S.INCOMPATIBLE):
         assert is_terminal(state, attached=False)
