@@ -18,7 +18,7 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from sr.errors import ConfigError, ConfigIssue
+from sr.errors import UsageError
 
 RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
 DEFAULT_RESULT_CACHE_ENTRIES = 4096
@@ -31,10 +31,8 @@ def result_cache_entries_from_env(environ: dict[str, str] | None = None) -> int:
     if raw is None or raw.strip() == "":
         return DEFAULT_RESULT_CACHE_ENTRIES
     text = raw.strip()
-    if not text.isdigit():
-        raise ConfigError(
-            [ConfigIssue(RESULT_CACHE_ENV, f"must be a non-negative integer, got {raw!r}")]
-        )
+    if not text.isdigit():  # a usage error: `sr serve` exits 2 before starting anything
+        raise UsageError(f"{RESULT_CACHE_ENV} must be a non-negative integer, got {raw!r}")
     return int(text)
 
 

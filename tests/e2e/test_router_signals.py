@@ -40,29 +40,30 @@ def test_sighup_scales_2_to_3_then_sigint_stops_every_worker(tmp_path, tiny_mode
 
 
 def test_startup_failure_is_one_line_exit_1(tmp_path):
-    router = ServeProcess(
-        tmp_path,
-        serve_config(tmp_path / "no-such-model", 1),
-        env={"VLLM_SRUN_RESULT_CACHE": "lots"},
-    )
+    router = ServeProcess(tmp_path, serve_config(tmp_path / "no-such-model", 1))
     command_started = time.monotonic()
     try:
-        router.start(timeout_s=20)
+        router.start(timeout_s=30)
     except AssertionError:
         pass
-    assert router.wait(20) == 1
-    assert time.monotonic() - command_started < 20
+    assert router.wait(30) == 1
+    assert time.monotonic() - command_started < 30
     err = router.stderr_text().strip().splitlines()
     assert err[-1].startswith("sr serve: startup failed:")
-    assert "VLLM_SRUN_RESULT_CACHE" in err[-1]
+    assert "no-such-model" in err[-1] and "Traceback" not in "\n".join(err)
     router.stop()
 
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("VLLM_SRUN_CPU_THREADS", "abc"), ("VLLM_SRUN_CPU_ADAPTIVE_THREADS", "7")],
+    [
+        ("VLLM_SRUN_CPU_THREADS", "abc"),
+        ("VLLM_SRUN_CPU_ADAPTIVE_THREADS", "7"),
+        ("VLLM_SRUN_RESULT_CACHE", "lots"),
+        ("VLLM_SRUN_READY_TIMEOUT", "soon"),
+    ],
 )
-def test_bad_thread_settings_stop_sr_serve_before_any_worker(tmp_path, variable, value):
+def test_bad_settings_stop_sr_serve_before_any_worker_with_exit_2(tmp_path, variable, value):
     router = ServeProcess(
         tmp_path, serve_config(tmp_path / "no-such-model", 1), env={variable: value}
     )
@@ -74,6 +75,6 @@ def test_bad_thread_settings_stop_sr_serve_before_any_worker(tmp_path, variable,
     out = router.stdout_text()
     assert "replica" not in out  # refused before any worker was started
     err = router.stderr_text().strip().splitlines()
-    assert err[-1].startswith(f"sr serve: error: {variable} must be ")
+    assert err[-1].startswith(f"sr serve: error: {variable}")
     assert value in err[-1] and "Traceback" not in "\n".join(err)
     router.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sr.errors import ConfigError
+from sr.errors import UsageError
 from sr.router.cache import (
     DEFAULT_RESULT_CACHE_ENTRIES,
     LruCache,
@@ -93,5 +93,5 @@ def test_env_values(value, entries):
 
 @pytest.mark.parametrize("value", ["-1", "many", "1.5", "1e3"])
 def test_bad_env_values_are_config_errors(value):
-    with pytest.raises(ConfigError, match="VLLM_SRUN_RESULT_CACHE"):
+    with pytest.raises(UsageError, match="VLLM_SRUN_RESULT_CACHE must be"):
         result_cache_entries_from_env({"VLLM_SRUN_RESULT_CACHE": value})
