@@ -82,6 +82,7 @@ class RequestParser:
             self._done = True
             self._events.append(CLOSED)
             return
+        continues_head = self._in_head
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -92,7 +93,10 @@ class RequestParser:
         except httptools.HttpParserError as error:
             self._stop(_malformed(error))
         else:
-            if self._in_head:  # a head still incomplete: bound what llhttp buffers
+            # A head still incomplete: bound what llhttp buffers for it. Only reads that
+            # began inside the head count (one that began it may mostly hold the request
+            # before), so at most one read more than the cap is ever buffered.
+            if continues_head and self._in_head:
                 self._head_raw += len(data)
                 if self._head_raw > self._max_header_bytes:
                     self._stop(HeadersTooLarge("request headers too large"))

@@ -125,6 +125,13 @@ def test_a_head_over_the_cap_is_431_whole_or_trickled(pieces):
             events(parser)
 
 
+def test_a_large_body_before_a_pipelined_head_does_not_count_as_head():
+    big = b"POST / HTTP/1.1\r\nHost: w\r\nContent-Length: 60000\r\n\r\n" + b"x" * 60000
+    nxt = b"GET /next HTTP/1.1\r\nHost: w\r\n\r\n"
+    got = parsed(big + nxt[:10], nxt[10:], max_header_bytes=1024)  # one read holds both
+    assert got[-2].target == b"/next" and got[-1] is END
+
+
 def test_an_upgrade_is_served_as_a_plain_request_that_closes_the_connection():
     upgrade = b"GET /ws HTTP/1.1\r\nHost: w\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"
     parser = RequestParser(16384)
