@@ -1,13 +1,14 @@
 """An ASGI app (the router's front end) served by sr.h1_server (`adapter=AsgiAdapter(app)`).
 
 Per request the app gets a `scope` (method, path, raw_path, query_string, lower-case
-headers), a `receive` that streams the body as the parser hands it over and, once the body
-is complete, waits on the socket and answers `http.disconnect` when the caller hangs up, and a
-`send` whose answer is written whole (head and body in one socket write, with its
-Content-Length) when the last body message arrives. Nothing reads the socket while the app
-runs unless the app is in `receive()` for the body; the hang-up watch only waits for the
-socket to turn readable and peeks, so a pipelined next request stays in the kernel until
-the connection reads it, and noticing a hang-up costs nothing while none happens.
+headers, and the `sr.hang_up` extension: sr.hang_up's poller cancels a scope of the app's
+if the caller hangs up), a `receive` that streams the body as the parser hands it over and,
+once the body is complete, waits on the socket and answers `http.disconnect` when the
+caller hangs up, and a `send` whose answer is written whole (head and body in one socket
+write, with its Content-Length) when the last body message arrives. Nothing reads the
+socket while the app runs unless the app is in `receive()` for the body; a hang-up wait in
+`receive()` only waits for the socket to turn readable and peeks, so a pipelined next
+request stays in the kernel until the connection reads it.
 
 The app owns its body limits (sr.asgi.read_body); sending after the caller left is a no-op,
 as under hypercorn. An answer given before the body was read in full closes the connection.
@@ -21,6 +22,7 @@ from typing import Any
 
 import trio
 
+from sr import hang_up
 from sr.errors import RequestError
 from sr.h1_parse import CLOSED, END, NEED_DATA, RequestHead
 from sr.h1_server import Connection, PeerGone
@@ -43,14 +45,22 @@ class LifespanFailed(Exception):
 
 
 class AsgiAdapter:
-    def __init__(self, app: AsgiApp) -> None:
+    def __init__(self, app: AsgiApp, *, hang_up_interval_s: float = hang_up.DEFAULT_INTERVAL_S):
         self.app = app
+        self.hang_ups = hang_up.HangUpPoller(hang_up_interval_s)
 
     async def lifespan(
         self, ended: Callable[[], Awaitable[None]], *, task_status=trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run the app's lifespan: started once it completes startup (or does not speak
-        the lifespan protocol), shut down once `ended()` returns."""
+        """Run the app's lifespan (started once it completes startup, or does not speak
+        the lifespan protocol; shut down once `ended()` returns) and the hang-up poller."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.hang_ups.run)
+            await self._app_lifespan(ended, task_status)
+            await ended()  # an app that does not speak the protocol returned at once
+            nursery.cancel_scope.cancel()
+
+    async def _app_lifespan(self, ended: Callable[[], Awaitable[None]], task_status) -> None:
         started = False
 
         async def receive() -> dict:
@@ -84,7 +94,7 @@ class AsgiAdapter:
         raw_path: bytes,
         query: bytes,
     ) -> bool:
-        exchange = _Exchange(connection, request)
+        exchange = _Exchange(connection, request, self.hang_ups)
         scope = {
             "type": "http",
             "asgi": _ASGI,
@@ -99,6 +109,8 @@ class AsgiAdapter:
             "client": None,
             "server": None,
         }
+        if isinstance(connection.stream, trio.SocketStream):
+            scope["extensions"] = {hang_up.EXTENSION: {"watch": exchange.watch_for_hang_up}}
         return await exchange.run(self.app, scope)
 
 
@@ -107,9 +119,13 @@ class _Exchange:
     once the app sends its last body message (the router's answers are small and never
     streamed), so an app that fails half-way still gets a clean 500."""
 
-    def __init__(self, connection: Connection, request: RequestHead) -> None:
+    def __init__(
+        self, connection: Connection, request: RequestHead, hang_ups: hang_up.HangUpPoller
+    ) -> None:
         self.connection = connection
         self.request = request
+        self.hang_ups = hang_ups
+        self._hang_up_scope: trio.CancelScope | None = None
         self.head_only = request.method == b"HEAD"
         self.body_done = False
         self.gone = False
@@ -127,10 +143,12 @@ class _Exchange:
             await app(scope, self.receive, self.send)
         except Exception:  # a bug in the app costs this request, never the server
             self.over = True
+            self.stop_watching()
             _log.exception("app failed on %s %s", scope["method"], scope["path"])
             await self._fail()
         else:
             self.over = True
+            self.stop_watching()
             if not self.finished and not self.gone:
                 _log.error("app returned without answering %s %s", scope["method"], scope["path"])
                 await self._fail()
@@ -140,6 +158,24 @@ class _Exchange:
             await self.connection.linger()
             return False
         return not self._must_close()
+
+    def watch_for_hang_up(self, scope: trio.CancelScope) -> Callable[[], None]:
+        """The `sr.hang_up` extension: cancel `scope` if the caller hangs up (noticed by
+        the server's poller); returns the function that stops watching."""
+        self._hang_up_scope = scope
+        self.hang_ups.watch(self, self.connection.stream.socket.fileno(), self._hung_up)
+        return self.stop_watching
+
+    def stop_watching(self) -> None:
+        if self._hang_up_scope is not None:
+            self._hang_up_scope = None
+            self.hang_ups.unwatch(self)
+
+    def _hung_up(self) -> None:
+        self.gone = True
+        if self._hang_up_scope is not None:
+            self._hang_up_scope.cancel()
+            self._hang_up_scope = None
 
     async def receive(self) -> dict:
         if self.gone or self.over:

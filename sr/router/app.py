@@ -38,6 +38,7 @@ from sr.errors import (
     ReloadUnavailable,
     RequestError,
 )
+from sr.hang_up import EXTENSION as HANG_UP_EXTENSION
 from sr.router import inventory_view
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
@@ -106,7 +107,6 @@ class RouterApp:
         self.max_body_bytes = max_body_bytes
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
-        self._watch_nursery: trio.Nursery | None = None  # set while the lifespan runs
         if fault_injection is None:
             fault_injection = fault_injection_enabled(os.environ)
         self._faults = FaultRoute(core, enabled=fault_injection)
@@ -139,15 +139,7 @@ class RouterApp:
             await self._lifespan(receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        """Serve the lifespan protocol while owning the nursery that disconnect watchers
-        run in: one long-lived nursery is cheaper than one per request."""
-        async with trio.open_nursery() as nursery:
-            self._watch_nursery = nursery
-            try:
-                await serve_lifespan(receive, send)
-            finally:
-                self._watch_nursery = None
-                nursery.cancel_scope.cancel()
+        await serve_lifespan(receive, send)
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path = scope["path"]
@@ -206,24 +198,18 @@ class RouterApp:
                     await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
             forward = forward_body(body, artifact)
-            nursery = self._watch_nursery
-            watch = None if nursery is None else _HangUpWatch(nursery, receive)
-            try:
-                reply = await self._dispatch(watch, receive, deployment, route, forward, timeout_s)
-                if reply is None:
-                    outcome = "canceled"
-                    return
-                answer = reply.body
-                if key is not None:
-                    self.cache.put(deployment, key, reply.status, answer)
-                if 200 <= reply.status < 300:
-                    outcome = "ok"
-                    answer = answer_with_public_model(answer, artifact, model)
-                replica = (REPLICA_HEADER, str(reply.replica_id).encode())
-                await send_response(send, reply.status, answer, [replica])
-            finally:
-                if watch is not None:
-                    watch.stop()
+            reply = await self._dispatch(scope, receive, deployment, route, forward, timeout_s)
+            if reply is None:
+                outcome = "canceled"
+                return
+            answer = reply.body
+            if key is not None:
+                self.cache.put(deployment, key, reply.status, answer)
+            if 200 <= reply.status < 300:
+                outcome = "ok"
+                answer = answer_with_public_model(answer, artifact, model)
+            replica = (REPLICA_HEADER, str(reply.replica_id).encode())
+            await send_response(send, reply.status, answer, [replica])
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
             await send_error(send, error)
@@ -234,7 +220,7 @@ class RouterApp:
 
     async def _dispatch(
         self,
-        watch: _HangUpWatch | None,
+        scope: dict[str, Any],
         receive: Receive,
         deployment: str,
         route: str,
@@ -242,17 +228,25 @@ class RouterApp:
         timeout_s: float | None,
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
-        None when it was."""
-        if watch is None:
+        None when it was. Under sr's server the hang-up is noticed by its poller (the
+        `sr.hang_up` extension, sr.hang_up); elsewhere by a watcher task."""
+        hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
+        if hang_up is None:
             return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
-        with watch.scope:
-            return await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+        request_scope = trio.CancelScope()
+        stop_watching = hang_up["watch"](request_scope)
+        try:
+            with request_scope:
+                return await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+        finally:
+            stop_watching()
         return None  # the scope was cancelled: the caller hung up
 
     async def _dispatch_own_nursery(
         self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
     ) -> Reply | None:
-        """The same without a lifespan (an ASGI server that does not run it, tests)."""
+        """The same under an ASGI server without the extension (and the in-memory test
+        client): a watcher task in a nursery of its own, waiting in `receive()`."""
         reply = None
         failure: RequestError | None = None
         async with trio.open_nursery() as nursery:
@@ -315,36 +309,6 @@ class RouterApp:
             await send_error(send, error)
             return
         await send_json(send, 200, summary)
-
-
-class _HangUpWatch:
-    """Cancels `scope` if the caller hangs up, from a watcher task in the lifespan's nursery
-    (one task start per request, no nursery of its own).
-
-    `stop()` is called once the answer has been written, not when the pool's reply
-    arrives: stopping wakes the watcher and unregisters the caller's socket from epoll,
-    work the caller need not wait for. A hang-up after the reply finds `scope` already
-    exited, and the answer is then written to nobody (a no-op)."""
-
-    __slots__ = ("_watch_scope", "scope")
-
-    def __init__(self, nursery: trio.Nursery, receive: Receive) -> None:
-        self.scope = trio.CancelScope()
-        self._watch_scope = trio.CancelScope()
-        nursery.start_soon(_watch_disconnect, receive, self.scope, self._watch_scope)
-
-    def stop(self) -> None:
-        self._watch_scope.cancel()
-
-
-async def _watch_disconnect(
-    receive: Receive, request_scope: trio.CancelScope, watch_scope: trio.CancelScope
-) -> None:
-    with watch_scope:
-        try:
-            await _cancel_on_disconnect(receive, request_scope)
-        except Exception:  # a broken receive must not take down the lifespan's nursery
-            _log.exception("router_disconnect_watch_failed")
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

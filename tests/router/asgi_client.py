@@ -27,12 +27,16 @@ async def call(
     headers: dict[str, str] | None = None,
     chunks: int = 1,
     disconnect_after_body: trio.Event | None = None,
+    *,
+    extensions: dict[str, Any] | None = None,
 ) -> Answer | None:
     if isinstance(body, dict):
         body = json.dumps(body).encode()
     body = body or b""
     raw_headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     scope = {"type": "http", "method": method, "path": path, "headers": raw_headers}
+    if extensions is not None:
+        scope["extensions"] = extensions
     size = max(1, len(body) // chunks) if body else 1
     pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
     messages = [

@@ -175,7 +175,6 @@ async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
     answers = []
     with trio.fail_after(5):
         async with served(app) as (port, stop):
-            assert app._watch_nursery is not None  # the lifespan runs while serving
             client = await connect(port)
             await client.stream.send_all(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
             status, headers, body = await client.answer(b"HEAD")
@@ -197,7 +196,6 @@ async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
                 release.set()
     assert answers[0][0] == 200
     assert answers[0][1][b"connection"] == b"close"
-    assert app._watch_nursery is None  # lifespan shut down after the connections
 
 
 async def test_get_routes_keep_the_connection_and_http_1_0_closes_it():
@@ -300,3 +298,27 @@ async def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
             await client.stream.send_all(EMBED)
             assert (await client.answer())[0] == 200
     assert len(core.calls) == 1
+
+
+async def test_an_app_waiting_in_receive_after_the_body_sees_the_caller_hang_up():
+    """Plain ASGI (no sr.hang_up extension used): receive() after the body blocks until
+    the caller hangs up, then answers http.disconnect."""
+    seen = []
+    got_body = trio.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        assert (await receive())["more_body"] is False
+        got_body.set()
+        seen.append((await receive())["type"])
+
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            await client.stream.send_all(post("/x", b"{}"))
+            await got_body.wait()
+            await client.stream.aclose()
+            while not seen:
+                await trio.sleep(0.01)
+    assert seen == ["http.disconnect"]
