@@ -132,9 +132,9 @@ class _Exchange:
         self.start: dict | None = None
         self.body_parts: list[bytes] = []
         self.finished = False  # the answer is written (or nobody is left to read it)
-        # The app has returned: the connection owns its socket again. A hang-up watcher
-        # that wakes after this (it was already woken when the app stopped it) must not
-        # read: the connection may be reading the next request.
+        # The app has returned: the connection owns its socket again, and a receive()
+        # still pending in a task of the app's answers http.disconnect without touching
+        # the socket (the connection may be reading the next request).
         self.over = False
 
     async def run(self, app: AsgiApp, scope: dict) -> bool:
