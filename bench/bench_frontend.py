@@ -4,8 +4,10 @@
 
 No sockets and no HTTP server: this isolates what sr/router/app.py itself spends on a native
 request (header scan, body read, JSON parse and rewrite, metrics, the watch for a caller
-hanging up, the answer rewrite). Prints microseconds per request; writes
-bench/results/frontend.json.
+hanging up, the answer rewrite). Two modes: as sr's server serves it (the `sr.hang_up`
+extension registers each dispatch with the server's poller) and as any other ASGI server
+would (no extension: a watcher task in a nursery per request). Prints microseconds per
+request; writes bench/results/frontend.json.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import trio
 
 from bench.harness import print_table, write_result
 from sr.config.schema import Deployment, Replica, SrConfig
+from sr.hang_up import EXTENSION, HangUpPoller
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
@@ -72,7 +75,7 @@ def make_app() -> RouterApp:
     return RouterApp(core, config, metrics=RouterMetrics(core.inventory), cache=cache)
 
 
-async def per_request_us(app: RouterApp, requests: int) -> list[float]:
+async def per_request_us(app: RouterApp, requests: int, extensions: dict | None) -> list[float]:
     body = json.dumps({"model": "primary", "input": "hello there"}).encode()
     scope = {
         "type": "http",
@@ -80,6 +83,8 @@ async def per_request_us(app: RouterApp, requests: int) -> list[float]:
         "path": "/v1/embeddings",
         "headers": [(b"content-type", b"application/json"), (b"content-length", b"43")],
     }
+    if extensions is not None:
+        scope["extensions"] = extensions
     samples = []
 
     for i in range(requests):
@@ -102,22 +107,16 @@ async def per_request_us(app: RouterApp, requests: int) -> list[float]:
     return samples
 
 
-async def with_lifespan(app: RouterApp, requests: int) -> list[float]:
-    """As under hypercorn: the lifespan runs, so watchers go to its long-lived nursery."""
-    to_app_send, to_app = trio.open_memory_channel(2)
-    started = trio.Event()
+def served_extensions() -> dict:
+    """The `sr.hang_up` extension as sr.h1_asgi offers it: each dispatch is registered with
+    the server's poller (not running here: no sockets, so nothing to poll)."""
+    poller = HangUpPoller()
 
-    async def send(message):
-        if message["type"] == "lifespan.startup.complete":
-            started.set()
+    def watch(scope: trio.CancelScope):
+        poller.watch(scope, -1, scope.cancel)
+        return lambda: poller.unwatch(scope)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(app, {"type": "lifespan"}, to_app.receive, send)
-        await to_app_send.send({"type": "lifespan.startup"})
-        await started.wait()
-        samples = await per_request_us(app, requests)
-        await to_app_send.send({"type": "lifespan.shutdown"})
-    return samples
+    return {EXTENSION: {"watch": watch}}
 
 
 def summarize(samples: list[float]) -> dict:
@@ -131,15 +130,15 @@ def summarize(samples: list[float]) -> dict:
 
 def run(requests: int) -> dict:
     """Alternate the two modes in blocks so host noise hits both alike."""
-    modes = {"lifespan (as served)": with_lifespan, "no lifespan (nursery per request)": None}
+    modes = {
+        "as served (sr.hang_up extension)": served_extensions,
+        "other ASGI servers (watcher task per request)": lambda: None,
+    }
     samples: dict[str, list[float]] = {name: [] for name in modes}
     block = max(1000, requests // 10)
     for _ in range(max(1, requests // block)):
-        for name, runner in modes.items():
-            if runner is None:
-                samples[name] += trio.run(per_request_us, make_app(), block)
-            else:
-                samples[name] += trio.run(runner, make_app(), block)
+        for name, extensions in modes.items():
+            samples[name] += trio.run(per_request_us, make_app(), block, extensions())
     return {name: summarize(values) for name, values in samples.items()}
 
 
