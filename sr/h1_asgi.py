@@ -127,7 +127,6 @@ class _Exchange:
         self.hang_ups = hang_ups
         self._hang_up_scope: trio.CancelScope | None = None
         self.head_only = request.method == b"HEAD"
-        self.body_done = False
         self.gone = False
         self.start: dict | None = None
         self.body_parts: list[bytes] = []
@@ -158,6 +157,11 @@ class _Exchange:
             await self.connection.linger()
             return False
         return not self._must_close()
+
+    @property
+    def body_done(self) -> bool:
+        """The request body was read to its end (the connection notes it as it parses)."""
+        return self.connection.request_done
 
     def watch_for_hang_up(self, scope: trio.CancelScope) -> Callable[[], None]:
         """The `sr.hang_up` extension: cancel `scope` if the caller hangs up (noticed by
@@ -200,8 +204,7 @@ class _Exchange:
                     return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
                 if not await self._read():
                     return _DISCONNECT
-            elif event is END:
-                self.body_done = True
+            elif event is END:  # take_event noted the body complete (body_done)
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 return {"type": "http.request", "body": body, "more_body": False}
             elif event is CLOSED:
@@ -283,9 +286,7 @@ class _Exchange:
                 event = self.connection.take_event()
             except RequestError:
                 return
-            if event is END:
-                self.body_done = True
-            elif not isinstance(event, bytes):
+            if event is not END and not isinstance(event, bytes):
                 return  # more is still to come (or the caller closed): not readable now
 
     def _must_close(self) -> bool:
