@@ -138,19 +138,19 @@ class _Exchange:
 
     async def run(self, app: AsgiApp, scope: dict) -> bool:
         """True if the connection may carry another request."""
+        failed = False
         try:
             await app(scope, self.receive, self.send)
         except Exception:  # a bug in the app costs this request, never the server
-            self.over = True
-            self.stop_watching()
             _log.exception("app failed on %s %s", scope["method"], scope["path"])
-            await self._fail()
-        else:
+            failed = True
+        finally:
             self.over = True
             self.stop_watching()
-            if not self.finished and not self.gone:
+        if not self.finished and not self.gone:
+            if not failed:
                 _log.error("app returned without answering %s %s", scope["method"], scope["path"])
-                await self._fail()
+            await self._fail()
         if self.gone or not self.finished:
             return False
         if not self.body_done:
