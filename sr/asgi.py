@@ -16,13 +16,13 @@ from typing import Any
 import trio
 
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
+from sr.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-# A 4 MiB body arrives in well under a second on any link that should reach this server.
-BODY_READ_TIMEOUT_S = 30.0
+DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES
+BODY_READ_TIMEOUT_S = BODY_TIMEOUT_S
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 

@@ -15,6 +15,7 @@
         ├── ModelNotFound     404 model_not_found
         ├── ReplicaNotFound   404 replica_not_found (POST /api/v1/faults)
         ├── MethodNotAllowed  405 method_not_allowed
+        ├── HeadReadTimeout   408 request_timeout (request head not complete in time)
         ├── BodyReadTimeout   408 request_timeout (body not complete in time)
         ├── ReloadRejected    409 reload_failed / reload_in_progress / reload_unavailable
         ├── RequestTooLarge   413 request_too_large
@@ -22,7 +23,8 @@
         ├── WorkerFailed      502 worker_failed
         ├── Overloaded        503 overloaded (with Retry-After)
         ├── Unavailable       503 unavailable
-        └── DeadlineExceeded  504 timeout
+        ├── DeadlineExceeded  504 timeout
+        └── VersionNotSupported 505 http_version_not_supported
 
 Workers and the router share the JSON body `{"error": {"code": ..., "message": ...}}`.
 """
@@ -109,6 +111,10 @@ class ModelNotFound(RequestError):
     status, code = 404, "model_not_found"
 
 
+class HeadReadTimeout(RequestError):
+    status, code = 408, "request_timeout"
+
+
 class BodyReadTimeout(RequestError):
     status, code = 408, "request_timeout"
 
@@ -160,3 +166,9 @@ class Unavailable(RequestError):
 
 class DeadlineExceeded(RequestError):
     status, code = 504, "timeout"
+
+
+class VersionNotSupported(RequestError):
+    """A request line naming an HTTP version other than 1.0 and 1.1 (0.9, 2.0, ...)."""
+
+    status, code = 505, "http_version_not_supported"

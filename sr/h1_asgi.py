@@ -12,6 +12,9 @@ request stays in the kernel until the connection reads it.
 
 The app owns its body limits (sr.asgi.read_body); sending after the caller left is a no-op,
 as under hypercorn. An answer given before the body was read in full closes the connection.
+A body whose framing breaks while the app reads it (a bad chunk size, trailers over the
+cap) is answered here, 400 or 431, and the app's `receive()` then says `http.disconnect`:
+the same answer the worker's handler path gives.
 """
 
 from __future__ import annotations
@@ -45,20 +48,16 @@ class LifespanFailed(Exception):
 
 
 class AsgiAdapter:
-    def __init__(self, app: AsgiApp, *, hang_up_interval_s: float = hang_up.DEFAULT_INTERVAL_S):
+    def __init__(self, app: AsgiApp):
         self.app = app
-        self.hang_ups = hang_up.HangUpPoller(hang_up_interval_s)
 
     async def lifespan(
         self, ended: Callable[[], Awaitable[None]], *, task_status=trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run the app's lifespan (started once it completes startup, or does not speak
-        the lifespan protocol; shut down once `ended()` returns) and the hang-up poller."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.hang_ups.run)
-            await self._app_lifespan(ended, task_status)
-            await ended()  # an app that does not speak the protocol returned at once
-            nursery.cancel_scope.cancel()
+        """Run the app's lifespan: started once it completes startup (or does not speak
+        the lifespan protocol), shut down once `ended()` returns."""
+        await self._app_lifespan(ended, task_status)
+        await ended()  # an app that does not speak the protocol returned at once
 
     async def _app_lifespan(self, ended: Callable[[], Awaitable[None]], task_status) -> None:
         started = False
@@ -94,7 +93,7 @@ class AsgiAdapter:
         raw_path: bytes,
         query: bytes,
     ) -> bool:
-        exchange = _Exchange(connection, request, self.hang_ups)
+        exchange = _Exchange(connection, request)
         scope = {
             "type": "http",
             "asgi": _ASGI,
@@ -119,12 +118,10 @@ class _Exchange:
     once the app sends its last body message (the router's answers are small and never
     streamed), so an app that fails half-way still gets a clean 500."""
 
-    def __init__(
-        self, connection: Connection, request: RequestHead, hang_ups: hang_up.HangUpPoller
-    ) -> None:
+    def __init__(self, connection: Connection, request: RequestHead) -> None:
         self.connection = connection
         self.request = request
-        self.hang_ups = hang_ups
+        self.hang_ups = connection.server.hang_ups
         self._hang_up_scope: trio.CancelScope | None = None
         self.head_only = request.method == b"HEAD"
         self.gone = False
@@ -196,8 +193,8 @@ class _Exchange:
         while True:
             try:
                 event = self.connection.take_event()
-            except RequestError:  # a broken chunked body: nothing more to read
-                self.gone = True
+            except RequestError as error:  # a broken chunked body: answered here
+                await self._refuse(error)
                 return _DISCONNECT
             if event is NEED_DATA:
                 if chunks:  # hand over what has arrived; more follows
@@ -254,10 +251,10 @@ class _Exchange:
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if self.gone:
+            return  # nobody is listening (or the server answered); the app may finish quietly
         if self.start is None or self.finished:
             raise RuntimeError("http.response.body outside a response")
-        if self.gone:
-            return  # nobody is listening; the app may finish quietly
         body = message.get("body", b"")
         if body:
             self.body_parts.append(body)
@@ -271,6 +268,15 @@ class _Exchange:
                 raise InvalidAnswer(f"content-length {length} for a body of {len(body)} bytes")
             length = len(body)
         await self._write(self.start["status"], headers, body, length)
+
+    async def _refuse(self, error: RequestError) -> None:
+        """Answer a body that cannot be read; the app is told the caller is gone, and its
+        own answer, if any, is dropped."""
+        try:
+            await self.connection.refuse(error)
+        except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.finished = self.gone = True
 
     async def _fail(self) -> None:
         """Answer 500 if nothing was written yet."""
@@ -298,7 +304,7 @@ class _Exchange:
         try:
             await self.connection.send(
                 status, headers, body, length=length, close=self._must_close(),
-                head_only=self.head_only,
+                method=self.request.method,
             )  # fmt: skip
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.gone = True

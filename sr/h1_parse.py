@@ -10,8 +10,20 @@ Transfer-Encoding are errors, which is what stops request smuggling.
 What llhttp leaves to its user is done here: a cap on the size of a request head (431),
 h11's rules for keep-alive (HTTP/1.1 without `Connection: close`) and for a mandatory
 `Host` on HTTP/1.1 requests, header values with surrounding whitespace removed, and
-lower-case header names. A protocol upgrade (`Upgrade`, CONNECT) is never switched to: the
-request is served as an ordinary one and the connection closes after its answer.
+lower-case header names. Beyond llhttp's checks, a request is refused (and the connection
+closed) when its version is not HTTP/1.0 or 1.1 (505), when a header sr reads as one
+value is repeated (`Host`, `Authorization`, `X-Request-Timeout-Ms`: which copy wins
+would be a guess), when its body framing is not one sr accepts (sr.h1_framing), or when
+its target is neither origin-form (`/path?query`) nor absolute-form
+(`http://host/path`, RFC 9112 section 3.2.2: accepted, the authority ignored).
+
+A chunked body's trailer fields are read, counted against the head-size cap, and dropped:
+they never join the header section (RFC 9110 section 6.5), which an app has already been
+handed and in which a trailing `Authorization` would otherwise pass as a header. No route
+of sr's reads trailers.
+
+A protocol upgrade (`Upgrade`, CONNECT) is never switched to: the request is served as an
+ordinary one and the connection closes after its answer.
 
 `RequestParser.feed()` turns bytes into events, in arrival order, possibly for several
 pipelined requests: a `RequestHead`, body chunks (`bytes`), then `END`; a request that
@@ -28,7 +40,8 @@ from typing import Final
 import attrs
 import httptools
 
-from sr.errors import InvalidRequest, RequestError
+from sr.errors import InvalidRequest, RequestError, VersionNotSupported
+from sr.h1_framing import request_body_length
 
 
 class HeadersTooLarge(RequestError):
@@ -43,6 +56,9 @@ class RequestHead:
     headers: list[tuple[bytes, bytes]]  # names lower-case, in arrival order
     keep_alive: bool  # whether the caller lets the connection carry another request
     expects_continue: bool  # `Expect: 100-continue`: the body waits for a go-ahead
+    raw_path: bytes  # the target's path, still percent-encoded (absolute-form: its path)
+    query: bytes  # after the "?", without it
+    body_length: int  # declared (0 without a body), or sr.h1_framing.CHUNKED
 
 
 class _Marker:
@@ -58,6 +74,8 @@ class _Marker:
 END: Final = _Marker("END")  # the current request's body is complete
 NEED_DATA: Final = _Marker("NEED_DATA")  # nothing parsed is waiting; read more
 CLOSED: Final = _Marker("CLOSED")  # the caller closed (or no further request can follow)
+# Headers sr reads as a single value: a repeat is refused rather than one copy picked.
+_SINGLE_VALUED = frozenset({b"host", b"authorization", b"x-request-timeout-ms"})
 
 
 class RequestParser:
@@ -66,9 +84,10 @@ class RequestParser:
         self._max_header_bytes = max_header_bytes
         self._events: collections.deque = collections.deque()
         self._done = False  # closed, failed or upgraded: nothing more is parsed
-        self._in_head = False
-        self._head_bytes = 0  # of the current head, as parsed (target and header lines)
-        self._head_raw = 0  # bytes fed while the current head stayed incomplete
+        self._in_message = False  # from a request's first byte to the end of its body
+        self._in_head = False  # from a request's first byte to the end of its head
+        self._section_bytes = 0  # of the current head (or trailer section), as parsed
+        self._stalled_bytes = 0  # fed inside a message by reads that produced no event
         self._target = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._last_head: RequestHead | None = None
@@ -82,7 +101,8 @@ class RequestParser:
             self._done = True
             self._events.append(CLOSED)
             return
-        continues_head = self._in_head
+        continues_message = self._in_message
+        events_before = len(self._events)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -91,15 +111,19 @@ class RequestParser:
             cause = error.__cause__ or error.__context__  # what the callback raised
             self._stop(cause if isinstance(cause, RequestError) else _malformed(error))
         except httptools.HttpParserError as error:
-            self._stop(_malformed(error))
+            self._stop(_parse_error(error))
         else:
-            # A head still incomplete: bound what llhttp buffers for it. Only reads that
-            # began inside the head count (one that began it may mostly hold the request
-            # before), so at most one read more than the cap is ever buffered.
-            if continues_head and self._in_head:
-                self._head_raw += len(data)
-                if self._head_raw > self._max_header_bytes:
-                    self._stop(HeadersTooLarge("request headers too large"))
+            # Bound what llhttp and httptools buffer for a head or a trailer section that
+            # never ends: count the reads that continued a message without producing an
+            # event (a body's bytes are events, so only heads and trailers, and chunk
+            # framing, count). A read that began a request may mostly hold the one
+            # before, so it does not count: at most one read more than the cap is held.
+            if not (continues_message and self._in_message) or len(self._events) > events_before:
+                self._stalled_bytes = 0
+            else:
+                self._stalled_bytes += len(data)
+                if self._stalled_bytes > self._max_header_bytes:
+                    self._stop(HeadersTooLarge("request head or trailers too large"))
 
     def _stop(self, error: RequestError | None) -> None:
         self._done = True
@@ -129,10 +153,14 @@ class RequestParser:
         """Whether parsed events are waiting (for the current or a pipelined request)."""
         return bool(self._events)
 
+    def head_begun(self) -> bool:
+        """Whether bytes of a request head that is not complete yet have arrived."""
+        return self._in_head
+
     # -- llhttp callbacks -------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._in_head = True
-        self._head_bytes = self._head_raw = 0
+        self._in_message = self._in_head = True
+        self._section_bytes = self._stalled_bytes = 0
         self._target = b""
         self._headers = []
 
@@ -142,26 +170,41 @@ class RequestParser:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)
-        self._headers.append((name.lower(), value.strip(b" \t")))
+        if self._in_head:
+            self._headers.append((name.lower(), value.strip(b" \t")))
+        # else a trailer field: counted, then dropped (never a header; module docstring)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._section_bytes = 0  # a trailer section is capped on its own
         version = self._parser.get_http_version().encode("ascii")
+        if version not in (b"1.1", b"1.0"):
+            raise VersionNotSupported(
+                f"HTTP/{version.decode('ascii')} is not supported; use HTTP/1.1 or HTTP/1.0"
+            )
         headers = self._headers
         keep_alive = version == b"1.1"
         expects_continue = False
-        hosts = 0
+        seen: dict[bytes, int] = {}
         for name, value in headers:
-            if name == b"connection" and b"close" in _tokens(value):
+            if name in _SINGLE_VALUED:
+                seen[name] = seen.get(name, 0) + 1
+            elif name == b"connection" and b"close" in _tokens(value):
                 keep_alive = False
             elif name == b"expect" and value.lower() == b"100-continue":
                 expects_continue = version == b"1.1"
-            elif name == b"host":
-                hosts += 1
-        if version == b"1.1" and hosts != 1:
-            raise InvalidRequest("malformed HTTP request: HTTP/1.1 needs exactly one Host header")
+        if version == b"1.1" and b"host" not in seen:
+            raise _malformed("HTTP/1.1 needs exactly one Host header")
+        for name, count in seen.items():
+            if count > 1:
+                raise _malformed(f"more than one {name.decode('ascii').title()} header")
+        body_length = request_body_length(version, headers)
+        raw_path, query = split_target(self._target)
         method = self._parser.get_method()
-        head = RequestHead(method, self._target, version, headers, keep_alive, expects_continue)
+        head = RequestHead(
+            method, self._target, version, headers, keep_alive, expects_continue,
+            raw_path, query, body_length,
+        )  # fmt: skip
         self._last_head = head
         self._events.append(head)
 
@@ -169,17 +212,41 @@ class RequestParser:
         self._events.append(bytes(body))
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._events.append(END)
 
     def _count(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > self._max_header_bytes:
-            raise HeadersTooLarge("request headers too large")
+        self._section_bytes += size
+        if self._section_bytes > self._max_header_bytes:
+            raise HeadersTooLarge("request head or trailers too large")
+
+
+def split_target(target: bytes) -> tuple[bytes, bytes]:
+    """(path, query) of an origin-form (`/p?q`) or absolute-form (`http://h/p?q`) target;
+    InvalidRequest for any other form (`*`, an authority alone)."""
+    if not target.startswith(b"/"):
+        scheme, sep, rest = target.partition(b"://")
+        if not (sep and scheme.lower() in (b"http", b"https")):
+            raise _malformed("the request target must be a path (or an absolute http URL)")
+        start = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        target = rest[start:]
+        if not target.startswith(b"/"):
+            target = b"/" + target
+    path, _, query = target.partition(b"?")
+    return path, query
 
 
 def _tokens(value: bytes) -> list[bytes]:
     return [token.strip() for token in value.lower().split(b",")]
 
 
-def _malformed(error: Exception) -> InvalidRequest:
-    return InvalidRequest(f"malformed HTTP request: {error}")
+def _malformed(why: object) -> InvalidRequest:
+    return InvalidRequest(f"malformed HTTP request: {why}")
+
+
+def _parse_error(error: httptools.HttpParserError) -> RequestError:
+    # llhttp refuses a well-formed version it does not speak (HTTP/1.2, 3.0) as a parse
+    # error; the caller is told 505 as for the versions it does parse (0.9, 2.0).
+    if "HTTP version" in str(error):
+        return VersionNotSupported(f"{error}; use HTTP/1.1 or HTTP/1.0")
+    return _malformed(error)

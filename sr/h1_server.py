@@ -8,15 +8,23 @@ was most of the hop's overhead. The worker's handler is called directly,
 hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
-* requests parsed by llhttp (sr.h1_parse); answers written by sr.h1_wire, whole and with
-  their length; socket reads and writes by sr.sockio (a checkpoint only when waiting);
+* requests parsed by llhttp (sr.h1_parse); answers written by sr.h1_wire, whole and framed
+  by sr.h1_framing; socket reads and writes by sr.sockio (a checkpoint only when waiting);
 * keep-alive, one request at a time per connection; pipelined requests are answered in
   order (what arrives early waits in the parser; while a request is served nothing more
   is read);
 * Content-Length and chunked request bodies, capped in size (413, from the declared
   length and while reading) and in time (408 when the body is not complete in time);
-* a header-size cap (431), malformed requests answered 400 and the connection closed;
-* an idle keep-alive timeout, `Connection: close` honoured, every answer with Content-Length;
+* every limit of sr.http_limits.HttpLimits: a head must arrive within `head_timeout_s` of
+  its first byte (else 408), an idle kept-alive connection closes after
+  `keep_alive_timeout_s`, an answer the caller does not read within `write_timeout_s`
+  costs it the connection, and each listener holds at most `max_connections` (beyond it
+  the longest-idle connection is closed to make room, or the newcomer gets 503);
+* malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
+  the connection closed;
+* a caller that hangs up (or half-closes: the same on the wire) while its request is
+  served is noticed by one poller per server (sr.hang_up): the work is cancelled and
+  nothing is answered, for the worker's handler and the router's app alike;
 * graceful shutdown: stop accepting, close idle connections, let requests in flight finish
   within a grace period, then cancel what is left.
 
@@ -28,18 +36,27 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import resource
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
-import attrs
 import trio
 
-from sr import sockio
-from sr.asgi import BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
-from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
+from sr import hang_up, sockio
+from sr.errors import (
+    BodyReadTimeout,
+    HeadReadTimeout,
+    InvalidRequest,
+    Overloaded,
+    RequestError,
+    RequestTooLarge,
+)
+from sr.h1_framing import answer_framing
 from sr.h1_parse import END, NEED_DATA, RequestHead, RequestParser
 from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head
+from sr.http_limits import HttpLimits
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 Handler = Callable[[str, str, bytes], Awaitable[Response]]
@@ -61,17 +78,9 @@ _JSON = (b"content-type", b"application/json")
 _LINGER_S = 1.0
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-
-
-@attrs.frozen
-class ServerLimits:
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    body_timeout_s: float = BODY_READ_TIMEOUT_S
-    max_header_bytes: int = 16 * 1024
-    # The router keeps its connections to a worker open between requests; a long idle
-    # timeout keeps the race "worker closes as the router reuses" rare.
-    keep_alive_timeout_s: float = 75.0
-    graceful_timeout_s: float = 5.0
+_DEFAULT_LIMITS = HttpLimits()
+# Descriptors kept out of the connection budget: worker sockets, pipes, logs, listeners.
+_RESERVED_FDS = 64
 
 
 class PeerGone(Exception):
@@ -90,10 +99,11 @@ class H1Server:
     def __init__(
         self,
         handler: Handler | None = None,
-        limits: ServerLimits = ServerLimits(),
+        limits: HttpLimits = _DEFAULT_LIMITS,
         *,
         adapter: Adapter | None = None,
         after_answer: Callable[[], None] | None = None,
+        hang_up_interval_s: float = hang_up.DEFAULT_INTERVAL_S,
     ) -> None:
         if (handler is None) == (adapter is None):
             raise ValueError("H1Server serves exactly one of handler or adapter")
@@ -101,6 +111,7 @@ class H1Server:
         self.adapter = adapter
         self.limits = limits
         self.after_answer = after_answer
+        self.hang_ups = hang_up.HangUpPoller(hang_up_interval_s)
         self.stopping = False
         self._connections: set[Connection] = set()
 
@@ -114,14 +125,16 @@ class H1Server:
         """Accept until `shutdown_trigger` returns, then shut down gracefully: stop
         accepting, close idle connections, give requests in flight `graceful_timeout_s`,
         then end an ASGI app's lifespan."""
+        cap = connection_cap(self.limits.max_connections, len(listeners))
         async with trio.open_nursery() as lifespan:
+            lifespan.start_soon(self.hang_ups.run)
             lifespan_ended = trio.Event()
             if self.adapter is not None:
                 await lifespan.start(self.adapter.lifespan, lifespan_ended.wait)
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accepting:
                     for listener in listeners:
-                        accepting.start_soon(self._accept_loop, listener, connections)
+                        accepting.start_soon(self._accept_loop, listener, connections, cap)
                     task_status.started()
                     await shutdown_trigger()
                     accepting.cancel_scope.cancel()
@@ -133,8 +146,13 @@ class H1Server:
                 grace = self.limits.graceful_timeout_s
                 connections.cancel_scope.deadline = trio.current_time() + grace
             lifespan_ended.set()
+            lifespan.cancel_scope.cancel()  # the hang-up poller
 
-    async def _accept_loop(self, listener: trio.abc.Listener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(
+        self, listener: trio.abc.Listener, nursery: trio.Nursery, cap: int
+    ) -> None:
+        """Accept for ever, holding at most `cap` connections from this listener."""
+        held: set[Connection] = set()
         while True:
             try:
                 stream = await listener.accept()
@@ -144,21 +162,75 @@ class H1Server:
                 _log.warning("accept failed (%s); retrying shortly", error)
                 await trio.sleep(0.1)
                 continue
-            nursery.start_soon(self._serve_connection, stream)
+            if len(held) >= cap and not _close_longest_idle(held):
+                await _turn_away(stream)
+                continue
+            connection = Connection(self, stream)
+            held.add(connection)
+            nursery.start_soon(self._serve_connection, connection, held)
 
-    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
-        connection = Connection(self, stream)
+    async def _serve_connection(self, connection: Connection, held: set[Connection]) -> None:
         self._connections.add(connection)
         try:
             await connection.serve()
         except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the caller went away; nothing to answer
+            pass  # the caller went away, or would not read; nothing to answer
         except Exception:  # a bug here must cost one connection, never the server
             _log.exception("connection failed")
         finally:
             self._connections.discard(connection)
+            held.discard(connection)
             with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
+                await trio.aclose_forcefully(connection.stream)
+
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+
+def connection_cap(max_connections: int, listeners: int) -> int:
+    """Connections per listener: `max_connections`, lowered so that every listener at its
+    cap still fits the process's descriptor limit (never an EMFILE loop at the cap)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    fits = max(1, (soft - _RESERVED_FDS) // max(1, listeners))
+    if fits < max_connections:
+        _log.warning(
+            "max_connections lowered from %d to %d per listener: the descriptor limit is %d",
+            max_connections, fits, soft,
+        )  # fmt: skip
+    return min(max_connections, fits)
+
+
+def _close_longest_idle(held: set[Connection]) -> bool:
+    """Make room at the cap: close the connection idle the longest (a kept-alive one with
+    no byte of a next request). False when none is idle."""
+    idle = [c for c in held if c.idle_since is not None]
+    if not idle:
+        return False
+    oldest = min(idle, key=lambda c: c.idle_since)
+    oldest.stop_if_idle()
+    held.discard(oldest)  # counted out now; its task closes it at once
+    return True
+
+
+_TOO_MANY = Overloaded("too many open connections; retry shortly")
+
+
+async def _turn_away(stream: trio.abc.Stream) -> None:
+    """503 to a connection over the cap, without reading its request, then close. A fresh
+    connection's send buffer is empty, so the write never waits; what the caller already
+    sent is drained once (without waiting) so that closing does not reset the connection
+    under its answer."""
+    head = answer_head(503, [_JSON, (b"retry-after", b"1")], len(_TOO_MANY.body()), close=True)
+    try:
+        with trio.move_on_after(0.1):
+            await sockio.send_all(stream, head + _TOO_MANY.body())
+        if isinstance(stream, trio.SocketStream):
+            os.read(stream.socket.fileno(), READ_CHUNK)
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    await trio.aclose_forcefully(stream)
 
 
 class Connection:
@@ -168,6 +240,9 @@ class Connection:
         self.stream = stream
         self.parser = RequestParser(self.limits.max_header_bytes)
         self._idle_scope: trio.CancelScope | None = None
+        # Since when it has waited for a next request with no byte of it yet; None while
+        # a request is read or served. The connection cap closes the longest idle first.
+        self.idle_since: float | None = None
         self.eof = False
         # Per request cycle.
         self.request_done = False  # its body was read to the end
@@ -176,7 +251,8 @@ class Connection:
         self.waited = False  # reading it had to wait for the caller's bytes
 
     def stop_if_idle(self) -> None:
-        """Shutdown: a connection waiting for its next request closes now."""
+        """Shutdown, or room needed at the connection cap: a connection waiting for its
+        next request, with no byte of it yet, closes now."""
         if self._idle_scope is not None:
             self._idle_scope.cancel()
 
@@ -198,21 +274,32 @@ class Connection:
 
     async def _next_request(self) -> RequestHead | None:
         """The next request head; None when the connection should just close (caller gone,
-        idle too long, shutting down). Malformed or oversized heads are answered here."""
-        self._idle_scope = trio.CancelScope(
-            deadline=trio.current_time() + self.limits.keep_alive_timeout_s
-        )
+        idle too long, shutting down). Malformed, oversized and too slow heads are answered
+        here (400/505, 431, 408)."""
+        waiting = trio.CancelScope(deadline=trio.current_time() + self.limits.keep_alive_timeout_s)
+        self._idle_scope = waiting
+        self.idle_since = trio.current_time()
         event = None
         try:
-            with self._idle_scope:
-                event = await self.next_event()
-        except RequestError as error:  # malformed (400) or too large (431)
-            await self._refuse(error)
+            with waiting:
+                while (event := self.take_event()) is NEED_DATA:
+                    if self._idle_scope is not None and self.parser.head_begun():
+                        # A head's first byte is here: no longer idle, and the rest of
+                        # the head must follow within the head timeout.
+                        self._idle_scope = self.idle_since = None
+                        waiting.deadline = trio.current_time() + self.limits.head_timeout_s
+                    await self.receive_more()
+        except RequestError as error:  # malformed (400, 505) or too large (431)
+            await self.refuse(error)
             return None
         finally:
-            self._idle_scope = None
+            self._idle_scope = self.idle_since = None
+        if waiting.cancelled_caught and self.parser.head_begun():
+            timeout = self.limits.head_timeout_s
+            await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
+            return None
         if not isinstance(event, RequestHead):
-            return None  # idle timeout, shutdown, or the caller closed
+            return None  # idle timeout, shutdown, room at the cap, or the caller closed
         return event
 
     async def _answer(self, request: RequestHead) -> bool:
@@ -220,39 +307,53 @@ class Connection:
         carry another request."""
         try:
             method = request.method.decode("ascii")
-            raw_path, _, query = request.target.partition(b"?")
-            path = unquote_to_bytes(raw_path).decode("utf-8")
+            path = unquote_to_bytes(request.raw_path).decode("utf-8")
         except UnicodeDecodeError:
-            await self._refuse(InvalidRequest("request target is not valid UTF-8"))
+            await self.refuse(InvalidRequest("request target is not valid UTF-8"))
             return False
         if self.server.adapter is not None:
-            return await self.server.adapter.answer(self, request, method, path, raw_path, query)
+            return await self.server.adapter.answer(
+                self, request, method, path, request.raw_path, request.query
+            )
         try:
             body = await self._read_body(request)
         except RequestError as error:  # malformed, too large, too slow
-            await self._refuse(error)
+            await self.refuse(error)
             return False
         try:
-            status, headers, payload = await self.server.handler(method, path, body)
+            status, headers, payload = await self._call_handler(method, path, body)
+        except PeerGone:
+            raise
         except Exception:
             _log.exception("handler failed on %s %s", method, path)
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
-        head_only = request.method == b"HEAD"  # same head as GET, body never sent
         close = self.server.stopping or not request.keep_alive
         try:
-            await self.send(status, headers, payload, close=close, head_only=head_only)
+            await self.send(status, headers, payload, close=close, method=request.method)
         except InvalidAnswer:
             _log.exception("handler gave an answer that cannot be written on %s %s", method, path)
             error = RequestError("the worker failed to answer")
             await self.send(error.status, [_JSON], error.body(), close=close)
         return not close
 
+    async def _call_handler(self, method: str, path: str, body: bytes) -> Response:
+        """The handler's answer; PeerGone, with the handler cancelled, if the caller hangs
+        up (or half-closes) first, as the router's front end cancels a dispatch."""
+        if type(self.stream) is not trio.SocketStream:
+            return await self.server.handler(method, path, body)
+        with trio.CancelScope() as scope:
+            self.server.hang_ups.watch(self, self.stream.socket.fileno(), scope.cancel)
+            try:
+                return await self.server.handler(method, path, body)
+            finally:
+                self.server.hang_ups.unwatch(self)
+        raise PeerGone()
+
     async def _read_body(self, request: RequestHead) -> bytes:
         limit = self.limits.max_body_bytes
-        for name, value in request.headers:
-            if name == b"content-length" and int(value) > limit:  # llhttp checked the digits
-                raise RequestTooLarge(f"request body exceeds {limit} bytes")
+        if request.body_length > limit:
+            raise RequestTooLarge(f"request body exceeds {limit} bytes")
         await self.send_continue_if_awaited(request)
         chunks: list[bytes] = []
         size = 0
@@ -293,7 +394,7 @@ class Connection:
         self.eof = not data
         self.parser.feed(data)
 
-    async def _refuse(self, error: RequestError) -> None:
+    async def refuse(self, error: RequestError) -> None:
         """Answer a request that cannot be served (if the caller is still there), then the
         connection closes."""
         if self.eof:
@@ -308,7 +409,7 @@ class Connection:
             return
         if not self.parser.has_pending():  # none of the body has arrived yet
             self.continue_sent = True
-            await sockio.send_all(self.stream, CONTINUE)
+            await self._write(CONTINUE)
 
     async def send(
         self,
@@ -317,15 +418,30 @@ class Connection:
         body: bytes,
         *,
         close: bool,
-        head_only: bool = False,
+        method: bytes = b"",
         length: int | None = None,
     ) -> None:
-        """Write one whole answer (its head only for HEAD, where `length` may declare the
-        size of the body a GET would get). InvalidAnswer, with nothing written, if the head
-        cannot be written as given."""
-        head = answer_head(status, headers, len(body) if length is None else length, close=close)
+        """Write one whole answer to a `method` request, framed by sr.h1_framing: for HEAD
+        its head only (`length` may declare the size of the body a GET would get), for
+        1xx, 204 and 304 neither a length nor a body. InvalidAnswer, with nothing written,
+        if the head cannot be written as given."""
+        declares_length, carries_body = answer_framing(method, status)
+        if not declares_length:
+            length = None
+        elif length is None:
+            length = len(body)
+        head = answer_head(status, headers, length, close=close)
         self.answered = True
-        await sockio.send_all(self.stream, head if head_only else head + body)
+        await self._write(head + body if carries_body else head)
+
+    async def _write(self, data: bytes) -> None:
+        """All of `data` within the write timeout; BrokenResourceError (the connection is
+        dropped) for a caller that does not read."""
+        timeout = self.limits.write_timeout_s
+        with trio.move_on_after(timeout):
+            await sockio.send_all(self.stream, data)
+            return
+        raise trio.BrokenResourceError(f"the caller did not read its answer within {timeout:g}s")
 
     async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a

@@ -7,22 +7,38 @@ the largest single cost left on the router's answer path (docs/benchmarks.md: ab
 of 48 per request cycle in isolation, 70 us in the router).
 What h11 checked on the way out is checked here: the status is three digits, header names
 are tokens, header values carry no CR, LF or NUL (no header injection), and the server
-alone frames the answer (Content-Length, Connection).
+alone frames the answer (Content-Length, Connection; which answers have a length is
+sr.h1_framing's). Every answer carries a `Date` (RFC 9110 section 6.6.1: an origin server
+with a clock MUST send it), formatted once a second.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
+from email.utils import formatdate
 from http import HTTPStatus
 
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NOT_IN_VALUE = re.compile(rb"[\r\n\0]")
-# Framing is the server's: it declares the length of every answer and decides whether the
-# connection stays open. An app's own copies of these headers are dropped.
-_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection"})
+# Framing and the date are the server's: it declares the length of every answer, decides
+# whether the connection stays open, and dates it. An app's own copies are dropped.
+_SERVER_OWNED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"date"})
+_date_second = -1
+_date_value = b""
+
+
+def http_date() -> bytes:
+    """The current time as an HTTP date (IMF-fixdate), recomputed at most once a second."""
+    global _date_second, _date_value
+    now = int(time.time())
+    if now != _date_second:
+        _date_value = formatdate(now, usegmt=True).encode("ascii")
+        _date_second = now
+    return _date_value
 
 
 class InvalidAnswer(Exception):
@@ -30,24 +46,27 @@ class InvalidAnswer(Exception):
 
 
 def answer_head(
-    status: int, headers: Iterable[tuple[bytes, bytes]], length: int, *, close: bool
+    status: int, headers: Iterable[tuple[bytes, bytes]], length: int | None, *, close: bool
 ) -> bytes:
-    """Status line and headers of an answer whose body is `length` bytes, ending in the
-    blank line. InvalidAnswer for a status outside 100-999 or a header that is not
-    bytes, has a name that is not a token, or a value with CR, LF or NUL."""
+    """Status line and headers of an answer whose body is `length` bytes (None: an answer
+    without a Content-Length, such as 204), ending in the blank line. InvalidAnswer for a
+    status outside 100-999 or a header that is not bytes, has a name that is not a token,
+    or a value with CR, LF or NUL."""
     if not (isinstance(status, int) and 100 <= status <= 999):
         raise InvalidAnswer(f"status {status!r} is not a three-digit code")
     parts = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
     try:
         for name, value in headers:
-            if name.lower() in _FRAMING:
+            if name.lower() in _SERVER_OWNED:
                 continue
             if not _TOKEN.fullmatch(name) or _NOT_IN_VALUE.search(value):
                 raise InvalidAnswer(f"header {name[:40]!r} cannot be written")
             parts += (name, b": ", value, b"\r\n")
     except (TypeError, ValueError) as error:  # not (bytes, bytes) pairs
         raise InvalidAnswer(f"headers must be (bytes, bytes) pairs: {error}") from None
-    parts.append(b"content-length: %d\r\n" % length)
+    parts += (b"date: ", http_date(), b"\r\n")
+    if length is not None:
+        parts.append(b"content-length: %d\r\n" % length)
     if close:
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")

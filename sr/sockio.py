@@ -9,11 +9,13 @@ wait for readiness, a cancellable checkpoint, only when it would block; trio's p
 `wait_readable` / `wait_writable` on the socket's descriptor do the waiting.
 
 What trio's streams gave that is kept: errors become `trio.BrokenResourceError` (reset,
-broken pipe) or `trio.ClosedResourceError` (the socket was closed here). What is not:
-a read or write that need not wait is no checkpoint, so a loop built only of such calls
-never lets other tasks run. sr.h1_server adds a checkpoint to any request cycle that never
-waited (a pipelining caller cannot starve other connections); the hop client always waits
-for its worker's answer. Streams that are not sockets fall back to their own methods.
+broken pipe) or `trio.ClosedResourceError` (the socket was closed here), and a call in an
+already-cancelled scope raises `trio.Cancelled` before touching the socket (a cancel
+point, without the yield). What is not: a read or write that need not wait is no
+scheduling point, so a loop built only of such calls never lets other tasks run.
+sr.h1_server adds a checkpoint to any request cycle that never waited (a pipelining
+caller cannot starve other connections); the hop client always waits for its worker's
+answer. Streams that are not sockets fall back to their own methods.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ async def receive_some_noting_wait(stream: trio.abc.Stream, max_bytes: int) -> t
     """Up to `max_bytes` bytes (b"" at end of stream), and whether the read had to wait."""
     if type(stream) is not trio.SocketStream:
         return await stream.receive_some(max_bytes), True
+    await trio.lowlevel.checkpoint_if_cancelled()
     sock = stream.socket
     waited = False
     while True:
@@ -54,6 +57,7 @@ async def send_all(stream: trio.abc.Stream, data: bytes) -> None:
     if type(stream) is not trio.SocketStream:
         await stream.send_all(data)
         return
+    await trio.lowlevel.checkpoint_if_cancelled()
     sock = stream.socket
     if sock.did_shutdown_SHUT_WR:
         raise trio.ClosedResourceError("cannot send after sending EOF")

@@ -8,7 +8,8 @@ import socket
 import pytest
 import trio
 
-from sr.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, open_listeners
+from sr.http_limits import HttpLimits
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -41,7 +42,7 @@ class Running:
 @pytest.fixture
 async def serve(nursery):
     async def start(handler=None, *, after_answer=None, **limits) -> Running:
-        server = H1Server(handler or Echo(), ServerLimits(**limits), after_answer=after_answer)
+        server = H1Server(handler or Echo(), HttpLimits(**limits), after_answer=after_answer)
         listeners, binds = await open_listeners(host="127.0.0.1", port=0)
         assert binds[0].startswith("http://127.0.0.1:")
         stop, done = trio.Event(), trio.Event()
@@ -234,13 +235,15 @@ async def test_idle_connection_is_closed_after_keep_alive_timeout(serve):
     assert 0.15 < trio.current_time() - started < 2.0
 
 
-async def test_a_caller_that_never_finishes_its_headers_is_cut_off(serve):
-    running = await serve(keep_alive_timeout_s=0.2)
+async def test_a_caller_that_never_finishes_its_headers_gets_408_then_is_cut_off(serve):
+    running = await serve(head_timeout_s=0.2, keep_alive_timeout_s=30)
     stream = await running.connect()
     await stream.send_all(b"POST /x HTTP/1.1\r\nHost: w\r\nX-Slow: ")  # and then nothing
     started = trio.current_time()
+    (answer,) = await read_answers(stream, 1)
+    assert answer[0] == 408 and answer[1]["connection"] == "close"
     assert await closed_by_server(stream)
-    assert trio.current_time() - started < 2.0
+    assert 0.15 < trio.current_time() - started < 2.0
 
 
 async def test_connection_close_is_honoured(serve):

@@ -25,12 +25,37 @@ async def test_round_trip_and_end_of_stream():
 async def test_a_ready_read_does_not_wait_and_an_empty_socket_does():
     a, b = await _pair()
     await sockio.send_all(a, b"x")
-    with trio.testing.assert_no_checkpoints():
+    others_ran = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_note_run, others_ran)
+        # A cancel point only: no other task is scheduled before the read returns.
         assert await sockio.receive_some_noting_wait(b, 10) == (b"x", False)
+        assert others_ran == []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lambda: _send_later(a, b"y"))
         with trio.testing.assert_checkpoints():
             assert await sockio.receive_some_noting_wait(b, 10) == (b"y", True)
+
+
+async def _note_run(ran: list) -> None:
+    ran.append(True)
+
+
+@pytest.mark.parametrize("operation", ["send", "receive"])
+async def test_a_call_in_a_cancelled_scope_raises_cancelled_and_touches_nothing(operation):
+    # trio's own streams checkpoint first; sockio must be a cancel point too.
+    a, b = await _pair()
+    await sockio.send_all(b, b"queued")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        if operation == "send":
+            await sockio.send_all(a, b"never")
+        else:
+            await sockio.receive_some(a, 10)
+    assert scope.cancelled_caught
+    assert await sockio.receive_some(a, 10) == b"queued"  # the read above took nothing
+    a.socket.shutdown(trio.socket.SHUT_WR)
+    assert await sockio.receive_some(b, 10) == b""  # the send above wrote nothing
 
 
 async def _send_later(stream: trio.SocketStream, data: bytes) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from sr.asgi import (
+    BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     ClientDisconnected,
     Receive,
@@ -98,6 +99,7 @@ class RouterApp:
         cache: ResultCache,
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        body_timeout_s: float = BODY_READ_TIMEOUT_S,
         fault_injection: bool | None = None,
     ):
         self.core = core
@@ -105,6 +107,7 @@ class RouterApp:
         self.cache = cache
         self._reload = reload
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
         if fault_injection is None:
@@ -183,7 +186,7 @@ class RouterApp:
                 scope, b"content-length", TIMEOUT_HEADER
             )
             timeout_s = parse_timeout_header(timeout_value)
-            raw = await read_body(receive, content_length, self.max_body_bytes)
+            raw = await read_body(receive, content_length, self.max_body_bytes, self.body_timeout_s)
             body, model = parse_native_body(raw)
             deployment = self.core.resolve(model)
             artifact = self._artifacts.get(deployment, model)

@@ -1,9 +1,11 @@
 """`sr serve` runtime and the embeddable `serve` (SPEC section 9).
 
-`serve(config)` opens the pool, listens at once (so /health and /startup-status answer while
-workers load; /ready is 503 until every deployment has a ready replica), waits for
-readiness, and serves until its handle's `shutdown()` (graceful: stop accepting, finish
-in-flight requests, then drain and stop every worker) or until it is cancelled.
+`serve(config)` binds its listener first (a port that is taken, a host that does not
+resolve: one StartupFailed naming the address and the cause, before any worker starts),
+opens the pool, serves at once (so /health and /startup-status answer while workers load;
+/ready is 503 until every deployment has a ready replica), waits for readiness, and serves
+until its handle's `shutdown()` (graceful: stop accepting, finish in-flight requests,
+then drain and stop every worker) or until it is cancelled.
 `task_status.started(handle)` fires once the socket is listening, not once ready: an
 embedding program can then watch startup over HTTP or `await handle.core.wait_ready(...)`.
 
@@ -24,10 +26,11 @@ import attrs
 import trio
 
 from sr.config.schema import Listener, SrConfig
-from sr.errors import ConfigError, RequestError, SrError, UsageError
+from sr.errors import ConfigError, RequestError, SrError, StartupFailed, UsageError
 from sr.events import EventSink
 from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, open_listeners
+from sr.http_limits import HttpLimits
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache, result_cache_entries_from_env
 from sr.router.logs import configure_logging
@@ -55,13 +58,9 @@ class ServingRouter:
         self._stop.set()
 
 
-# The front end's HTTP limits (sr.h1_server). The app caps request bodies itself
-# (sr.asgi.read_body); headers are capped at 16 KiB (431), idle and header-phase
-# connections close after the keep-alive timeout.
-ROUTER_HTTP_LIMITS = ServerLimits(
-    graceful_timeout_s=HTTP_GRACE_S,
-    keep_alive_timeout_s=75.0,  # benchmark and proxy clients keep connections open
-)
+# The front door's HTTP limits (sr.http_limits; docs/security.md). The app reads bodies
+# itself (sr.asgi.read_body) with the same body cap and timeout.
+ROUTER_HTTP_LIMITS = HttpLimits(graceful_timeout_s=HTTP_GRACE_S)
 
 
 async def serve(
@@ -102,53 +101,72 @@ async def serve(
     events.subscribe(cache.on_event)
     if open_router is None:
         from sr.pool import open_router
-    async with open_router(config, events=events, in_process=in_process, threads=threads) as core:
-        metrics = RouterMetrics(core.inventory)
-        events.subscribe(metrics.on_event)
-        app = RouterApp(core, config, metrics=metrics, cache=cache)
-        reloader = None
-        if config_path is not None:
-            reloader = ConfigReloader(
-                core, config_path, current=config, adopt=app.apply_config, events=events
-            )
-            app.set_reload(reloader.reload)
-        stop = trio.Event()
-        failure: list[SrError] = []
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(_serve_http, app, host, port, stop, nursery.cancel_scope)
-            url = binds[0]
-            handle = ServingRouter(url=url, core=core, app=app, reloader=reloader, stop=stop)
-            events.emit("router_listening", url=url)
-            progress.listening(url)
-            task_status.started(handle)
-            try:
-                await core.wait_ready(ready_timeout_s)
-            except SrError as error:
-                failure.append(error)
-                events.emit("startup_failed", error=str(error))
-                handle.shutdown()
-            else:
-                progress.ready(url)
-                events.emit("router_ready", url=url)
-        if failure:
-            raise failure[0]
+    listeners, binds = await _bind(host, port)  # before any worker starts
+    try:
+        async with open_router(
+            config, events=events, in_process=in_process, threads=threads
+        ) as core:
+            metrics = RouterMetrics(core.inventory)
+            events.subscribe(metrics.on_event)
+            app = RouterApp(
+                core, config, metrics=metrics, cache=cache,
+                max_body_bytes=ROUTER_HTTP_LIMITS.max_body_bytes,
+                body_timeout_s=ROUTER_HTTP_LIMITS.body_timeout_s,
+            )  # fmt: skip
+            reloader = None
+            if config_path is not None:
+                reloader = ConfigReloader(
+                    core, config_path, current=config, adopt=app.apply_config, events=events
+                )
+                app.set_reload(reloader.reload)
+            stop = trio.Event()
+            failure: list[SrError] = []
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_serve_http, app, listeners, stop, nursery.cancel_scope)
+                url = binds[0]
+                handle = ServingRouter(url=url, core=core, app=app, reloader=reloader, stop=stop)
+                events.emit("router_listening", url=url)
+                progress.listening(url)
+                task_status.started(handle)
+                try:
+                    await core.wait_ready(ready_timeout_s)
+                except SrError as error:
+                    failure.append(error)
+                    events.emit("startup_failed", error=str(error))
+                    handle.shutdown()
+                else:
+                    progress.ready(url)
+                    events.emit("router_ready", url=url)
+            if failure:
+                raise failure[0]
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:  # closed already if the server ran; idempotent
+                await listener.aclose()
+
+
+async def _bind(host: str, port: int) -> tuple[list[trio.abc.Listener], list[str]]:
+    try:
+        return await open_listeners(host=host, port=port)
+    except OSError as error:  # taken, not permitted, not resolvable (gaierror), ...
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        cause = error.strerror or str(error) or type(error).__name__
+        raise StartupFailed(f"cannot listen on {shown}: {cause}") from None
 
 
 async def _serve_http(
     app: RouterApp,
-    host: str,
-    port: int,
+    listeners: list[trio.abc.Listener],
     stop: trio.Event,
     done: trio.CancelScope,
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """sr's HTTP/1.1 server until `stop` (graceful: in-flight requests finish within
-    HTTP_GRACE_S), then end the serve. `task_status.started(urls)` once listening."""
+    HTTP_GRACE_S), then end the serve. `task_status.started()` once serving."""
     server = H1Server(adapter=AsgiAdapter(app), limits=ROUTER_HTTP_LIMITS)
-    listeners, binds = await open_listeners(host=host, port=port)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(server.serve, listeners, shutdown_trigger=stop.wait))
-        task_status.started(binds)
+        task_status.started()
     done.cancel()
 
 

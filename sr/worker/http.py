@@ -13,12 +13,16 @@ from pathlib import Path
 import trio
 
 from sr.errors import UsageError
-from sr.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, open_listeners
+from sr.http_limits import HttpLimits
 from sr.private_folder import ensure_private_folder
 from sr.worker.service import WorkerService
-from sr.worker.validation import MAX_BODY_BYTES
 
-GRACEFUL_TIMEOUT_S = 5.0
+# The worker's HTTP limits (docs/security.md). Its usual caller is the router, which keeps
+# connections open between requests: the 75 s idle timeout keeps the race "worker closes
+# as the router reuses" rare. The body cap is the router's, so a body the router accepts
+# is never refused here.
+WORKER_HTTP_LIMITS = HttpLimits()
 
 
 def answer_then_exit(service: WorkerService):
@@ -74,7 +78,7 @@ async def serve_worker(
         prepare_uds(uds)
     server = H1Server(
         service.handle,
-        ServerLimits(max_body_bytes=MAX_BODY_BYTES, graceful_timeout_s=GRACEFUL_TIMEOUT_S),
+        WORKER_HTTP_LIMITS,
         after_answer=answer_then_exit(service),
     )
     listeners, binds = await open_listeners(uds=uds, host=host, port=port)

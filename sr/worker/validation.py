@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sr.asgi import DEFAULT_MAX_BODY_BYTES
 from sr.errors import InvalidRequest, RequestTooLarge
+from sr.http_limits import MAX_BODY_BYTES
 from sr.jsonbody import json_kind, parse_json_object
 
-MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES  # one body cap for router and worker
 MAX_INPUTS = 2048
 MAX_INPUT_CHARS = 100_000
 MAX_LABELS = 256

@@ -9,7 +9,8 @@ import h11
 import trio
 
 from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, ServerLimits, open_listeners
+from sr.h1_server import H1Server, open_listeners
+from sr.http_limits import HttpLimits
 
 from .test_app import CANCELED_LINE, build, stalling
 
@@ -19,7 +20,7 @@ EMBED = json.dumps({"model": "primary", "input": "a"}).encode()
 @asynccontextmanager
 async def served(app, grace_s: float = 5.0):
     """The app on 127.0.0.1:<free port>; yields (port, stop); graceful stop on exit."""
-    server = H1Server(adapter=AsgiAdapter(app), limits=ServerLimits(graceful_timeout_s=grace_s))
+    server = H1Server(adapter=AsgiAdapter(app), limits=HttpLimits(graceful_timeout_s=grace_s))
     listeners, _ = await open_listeners(host="127.0.0.1", port=0)
     port = listeners[0].socket.getsockname()[1]
     stop = trio.Event()
