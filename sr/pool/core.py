@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,7 @@ from sr.pool.identity import replica_identities
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.replica import ReplicaRunner
+from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.private_folder import ensure_private_folder
 
@@ -286,8 +288,6 @@ def _worker_message(body: bytes) -> str:
 
 def default_worker_threads() -> int:
     """Half the router's CPU budget, 1..16, or VLLM_SRUN_CPU_THREADS (sr.thread_budget)."""
-    import os
-
     from sr.devices import cpu_budget
     from sr.thread_budget import worker_thread_count
 
@@ -312,16 +312,26 @@ async def open_router(
         from sr.worker.service import WorkerService
 
         worker_factory = WorkerService
-    own_dir = run_dir is None
-    path = Path(tempfile.mkdtemp(prefix="sr-")) if own_dir else Path(run_dir)
-    ensure_private_folder(path, label="run_dir: the worker socket folder")
+    events = events or EventSink()
+    lock_fd: int | None = None  # set when sr makes (and so owns) the run folder
+    if run_dir is None:
+        # Folders of routers that died without cleaning up (SIGKILL, OOM); their workers
+        # died with them (sr.worker.parent_watch). A caller's run_dir is never swept.
+        parent = Path(tempfile.gettempdir())
+        stale = remove_stale_run_dirs(parent)
+        if stale:
+            events.emit("stale_run_dirs_removed", folders=[str(p) for p in stale])
+        path, lock_fd = claim_run_dir(parent)
+    else:
+        path = Path(run_dir)
+        ensure_private_folder(path, label="run_dir: the worker socket folder")
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
             core = RouterCore(
                 config,
                 nursery,
-                events=events or EventSink(),
+                events=events,
                 threads=threads if threads is not None else default_worker_threads(),
                 run_dir=path,
                 worker_factory=worker_factory,
@@ -342,5 +352,6 @@ async def open_router(
             raise body_error from None
         raise
     finally:
-        if own_dir:
+        if lock_fd is not None:
             shutil.rmtree(path, ignore_errors=True)
+            os.close(lock_fd)  # after the removal: a held lock keeps sweepers away

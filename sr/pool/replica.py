@@ -3,6 +3,8 @@
 Three kinds, one task shape:
 * managed — starts `python -m sr worker ... --uds PATH` (argv list, no shell), restarts
   it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
+  it holds the write end of a pipe whose read end is the worker's `--parent-fd`, so the
+  worker exits when this process dies, however it dies (sr.worker.parent_watch);
 * attached (`endpoint`) — only probed, never started or stopped; never terminal: when it
   is failed, incompatible or unreachable it is probed at the slow cadence until the
   operator's worker comes back (sr.pool.state);
@@ -40,7 +42,9 @@ STOP_GRACE_S = 5.0
 DRAIN_POLL_S = 0.02
 
 
-def worker_argv(deployment: Deployment, device: str, threads: int, uds: str) -> list[str]:
+def worker_argv(
+    deployment: Deployment, device: str, threads: int, uds: str, *, parent_fd: int | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "sr", "worker", "--artifact", deployment.artifact]
     argv += ["--device", device, "--threads", str(threads)]
     if deployment.revision:
@@ -52,6 +56,8 @@ def worker_argv(deployment: Deployment, device: str, threads: int, uds: str) -> 
         argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
     if deployment.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
+    if parent_fd is not None:
+        argv += ["--parent-fd", str(parent_fd)]
     return [*argv, "--uds", uds]
 
 
@@ -169,17 +175,28 @@ class ReplicaRunner:
         uds = self.run_dir / f"{rec.id}-{self._incarnation}.sock"
         uds.unlink(missing_ok=True)
         device = self.placement.device or "cpu"
-        argv = worker_argv(self.deployment, device, self.threads, str(uds))
+        # Nothing is ever written to this pipe: the kernel closes our write end when this
+        # process dies, even by SIGKILL, and the worker reads EOF. os.pipe() fds are
+        # non-inheritable, so no other worker holds this one's write end open.
+        parent_read, parent_alive = os.pipe()
+        argv = worker_argv(self.deployment, device, self.threads, str(uds), parent_fd=parent_read)
         self._set(S.STARTING, None)
-        # stdout is the worker's announcement channel for humans running it by hand; the
-        # pool learns everything it needs over the socket, and sr serve's stdout stays ours.
-        process = await trio.lowlevel.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=worker_env(),
-        )
+        try:
+            # stdout is the worker's announcement channel for humans running it by hand;
+            # the pool learns everything over the socket, and sr serve's stdout stays ours.
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=worker_env(),
+                pass_fds=(parent_read,),
+            )
+        except BaseException:
+            os.close(parent_alive)
+            raise
+        finally:
+            os.close(parent_read)
         rec.pid = process.pid
         self._stderr_tail = b""
         transport = HttpTransport(uds=str(uds))
@@ -198,9 +215,14 @@ class ReplicaRunner:
                 nursery.cancel_scope.cancel()
         finally:
             self.transport = None
-            with trio.CancelScope(shield=True):
-                await transport.aclose()
-                await stop_process(process, STOP_GRACE_S)
+            try:
+                with trio.CancelScope(shield=True):
+                    await transport.aclose()
+                    await stop_process(process, STOP_GRACE_S)
+            finally:
+                # Only after the stop (closing it earlier cuts the graceful drain short),
+                # but always: a worker we failed to stop then exits on its own.
+                os.close(parent_alive)
             rec.pid = None
             uds.unlink(missing_ok=True)
         return verdict, process.returncode

@@ -3,6 +3,7 @@
 Prints one JSON line on stdout once listening (`{"listening": ..., "port": ...}`), so a
 caller that asked for port 0 learns the port; logs are JSON lines on stderr. SIGTERM or
 SIGINT stops gracefully: no new connections, in-flight requests finish (bounded).
+`--parent-fd N` ties the worker's life to a supervisor's (sr.worker.parent_watch).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sr.errors import UsageError
 from sr.events import EventSink
 from sr.thread_budget import adaptive_mode
 from sr.worker.options import WorkerOptions
+from sr.worker.parent_watch import watch_parent_fd
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -42,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uds")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--parent-fd", type=int, metavar="N")
     return p
 
 
@@ -62,6 +65,12 @@ class _JsonLines(logging.Formatter):
 
 
 def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
+    options, listen, _ = parse_command(argv)
+    return options, listen
+
+
+def parse_command(argv: list[str]) -> tuple[WorkerOptions, dict, int | None]:
+    """The options, the listen address and the `--parent-fd` (None when not given)."""
     args = _parser().parse_args(argv)
     if args.uds and (args.host or args.port is not None):
         raise UsageError("give either --uds PATH or --host/--port, not both")
@@ -85,16 +94,32 @@ def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )
-    return options, listen
+    return options, listen, _parent_fd(args.parent_fd)
+
+
+def _parent_fd(fd: int | None) -> int | None:
+    if fd is None:
+        return None
+    if fd < 0:
+        raise UsageError(f"--parent-fd: must be >= 0, got {fd}")
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise UsageError(f"--parent-fd: {fd} is not an open file descriptor") from None
+    return fd
 
 
 def main(argv: list[str]) -> int:
     try:
-        options, listen = parse_args(argv)
+        options, listen, parent_fd = parse_command(argv)
         adaptive = adaptive_mode(os.environ)
     except UsageError as error:
         print(f"sr worker: {error}", file=sys.stderr)
         return 2
+    if parent_fd is not None:
+        # Before torch is imported (sr.worker.service): a parent that dies while we load
+        # must not leave us loading a model for nobody.
+        watch_parent_fd(parent_fd)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonLines())
     root = logging.getLogger("sr")
