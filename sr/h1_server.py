@@ -38,6 +38,8 @@ import errno
 import logging
 import os
 import resource
+import socket
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 from urllib.parse import unquote_to_bytes
@@ -79,6 +81,7 @@ _LINGER_S = 1.0
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _DEFAULT_LIMITS = HttpLimits()
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
 # Descriptors kept out of the connection budget: worker sockets, pipes, logs, listeners.
 _RESERVED_FDS = 64
 
@@ -441,6 +444,10 @@ class Connection:
         with trio.move_on_after(timeout):
             await sockio.send_all(self.stream, data)
             return
+        if isinstance(self.stream, trio.SocketStream):
+            # Close with a reset: a plain close would leave the unsent answer in the
+            # kernel, retried for minutes towards a caller that reads nothing.
+            self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
         raise trio.BrokenResourceError(f"the caller did not read its answer within {timeout:g}s")
 
     async def linger(self) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
+import yaml
 
-from tests.serve_process import ServeProcess, pid_alive, serve_config, wait_gone
+from tests.serve_process import REPO_ROOT, ServeProcess, pid_alive, serve_config, wait_gone
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +83,35 @@ def test_bad_settings_stop_sr_serve_before_any_worker_with_exit_2(tmp_path, vari
     assert err[-1].startswith(f"sr serve: error: {variable}")
     assert value in err[-1] and "Traceback" not in "\n".join(err)
     router.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "address", "cause"),
+    [
+        ("taken", "127.0.0.1:{port}", "Address already in use"),
+        (["--host", "no-such-host.invalid"], "no-such-host.invalid:0", "Name or service not known"),
+        (["--host", "192.0.2.1"], "192.0.2.1:0", "Cannot assign requested address"),
+    ],
+    ids=["port taken", "host does not resolve", "address not on this host"],
+)
+def test_a_listener_that_cannot_bind_is_one_line_exit_1_before_any_worker(
+    tmp_path, tiny_model_dir, flags, address, cause
+):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(serve_config(tiny_model_dir, 2)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--port", str(port)] if flags == "taken" else [*flags, "--port", "0"]
+        done = subprocess.run(
+            [sys.executable, "-m", "sr", "serve", "--config", str(config), *extra],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )  # fmt: skip
+    assert done.returncode == 1
+    # One line and nothing else: no traceback, and no worker started (a started pool
+    # would have logged its replicas' states on stderr and printed to stdout).
+    line = f"sr serve: startup failed: cannot listen on {address.format(port=port)}: {cause}"
+    assert done.stderr == line + "\n"
+    assert done.stdout == ""

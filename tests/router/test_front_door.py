@@ -5,6 +5,7 @@ real loopback sockets. Every row is answered the same way on both sides."""
 from __future__ import annotations
 
 import json
+import select
 import socket
 from contextlib import asynccontextmanager
 
@@ -44,7 +45,7 @@ class Worker:
         if path.startswith("/status/"):
             return int(path.rsplit("/", 1)[1]), [], b"body"
         if path == "/big":
-            return 200, [], b"x" * (1 << 20)
+            return 200, [], b"x" * (16 << 20)
         return 200, [], json.dumps({"path": path, "body": body.decode()}).encode()
 
 
@@ -380,15 +381,23 @@ async def test_an_idle_connection_closes_quietly_after_the_keep_alive_timeout(si
         assert server.open_connections() == 0
 
 
-async def test_a_caller_that_never_reads_is_dropped_after_the_write_timeout():
+async def test_a_caller_that_never_reads_is_reset_after_the_write_timeout():
     async with served("worker", write_timeout_s=0.3) as (port, server, _):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", port))
-        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 4)  # 4 MiB of answers
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")  # more than both buffers hold
         with trio.fail_after(5):
+            while not server.open_connections():
+                await trio.sleep(0.01)
+            started = trio.current_time()
             while server.open_connections():
                 await trio.sleep(0.05)
+        assert trio.current_time() - started > 0.25
+        # Dropped with a reset: the kernel is not left retrying the unread answer.
+        poller = select.poll()
+        poller.register(sock, select.POLLERR | select.POLLHUP)
+        assert poller.poll(1000)
         sock.close()
 
 

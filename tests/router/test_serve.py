@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import socket
 
 import httpx
 import pytest
 import trio
 
 from sr.config.load import dump_config
-from sr.errors import SrError
+from sr.errors import SrError, StartupFailed
 from sr.events import RecordingSink
+from sr.router import serve as serve_module
 from sr.router.serve import serve
 
 from .fake_core import FakeRouterCore, fake_open_router, make_config
@@ -115,3 +117,28 @@ async def test_startup_failure_raises_after_listening():
             open_router=fake_open_router(cores, make),
             out=io.StringIO(),
         )
+
+
+@pytest.mark.parametrize(
+    ("host", "error", "line"),
+    [
+        ("127.0.0.1", PermissionError(13, "Permission denied"), "127.0.0.1:80: Permission denied"),
+        ("::1", OSError(98, "Address already in use"), "[::1]:80: Address already in use"),
+        ("nowhere", socket.gaierror(-2, "Name or service not known"), "nowhere:80: Name or"),
+    ],
+)
+async def test_a_listener_that_cannot_bind_fails_before_the_pool_opens(
+    monkeypatch, host, error, line
+):
+    async def refuse(**_):
+        raise error
+
+    cores: list[FakeRouterCore] = []
+    monkeypatch.setattr(serve_module, "open_listeners", refuse)
+    with pytest.raises(StartupFailed) as failed:
+        await serve(
+            make_config({"primary": 1}), host=host, port=80,
+            open_router=fake_open_router(cores, FakeRouterCore), ready_timeout_s=1,
+        )  # fmt: skip
+    assert str(failed.value).startswith(f"cannot listen on {line}")
+    assert cores == []  # no pool, so no worker, was ever started
