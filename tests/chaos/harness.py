@@ -172,6 +172,12 @@ def report(scenario: str, results: list[Result], **extra: Any) -> dict[str, Any]
         "max_latency_ms": round(max((r.latency_s for r in results), default=0) * 1000),
         **extra,
     }
+    return write_report_row(row)
+
+
+def write_report_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Print one scenario's row and put it in $SR_CHAOS_REPORT (a JSON list), if set."""
+    scenario = row["scenario"]
     print(f"\nchaos[{scenario}] " + json.dumps(row, sort_keys=True))
     target = os.environ.get("SR_CHAOS_REPORT")
     if target:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.chaos.harness import write_report_row
 from tests.serve_process import ServeProcess, poll_until, serve_config, wait_gone
 
 pytestmark = pytest.mark.e2e
@@ -51,9 +53,11 @@ def test_sigkilled_router_takes_its_workers_and_the_next_one_sweeps_its_folder(
             others = {own[p] for p in pids if p != pid}
             assert not others & _pipe_inodes(pid)
 
+        killed = time.monotonic()
         os.kill(first.proc.pid, signal.SIGKILL)
         first.wait(10)
         assert wait_gone(pids, 2.0) == [], "workers outlived their SIGKILLed router"
+        gone_s = time.monotonic() - killed
         assert stale.is_dir()  # nobody cleaned up: the next router must
 
         second.start(timeout_s=60)
@@ -61,6 +65,11 @@ def test_sigkilled_router_takes_its_workers_and_the_next_one_sweeps_its_folder(
         assert len(_run_dirs(tmpdir)) == 1  # the second router's own
         (swept,) = poll_until(lambda: second.events("stale_run_dirs_removed"), 5, "sweep event")
         assert swept["folders"] == [str(stale)]
+        write_report_row(
+            {"scenario": "sigkill_router", "sent": 0, "ok": 0, "errors": {}, "lost": 0,
+             "max_latency_ms": 0, "workers": len(pids), "workers_gone_s": round(gone_s, 2),
+             "stale_folder_swept": True}
+        )  # fmt: skip
     finally:
         assert second.stop() == []
         first.stop()

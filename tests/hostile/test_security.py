@@ -186,11 +186,13 @@ def test_bad_content_length_is_400(hostile_router):
     assert answer.split(b"\r\n", 1)[0][:10] == b"HTTP/1.1 4", answer[:200]
 
 
-def test_header_phase_is_bounded_by_the_idle_timeout():
-    # sr.h1_server cuts a connection that has not completed its request headers within
-    # keep_alive_timeout_s (behaviour: tests/test_h1_server.py::
-    # test_a_caller_that_never_finishes_its_headers_is_cut_off); h11 caps the header block
-    # at max_header_bytes. Here: the router's own settings keep both bounded.
+def test_the_router_bounds_every_phase_of_a_connection():
+    # Behaviour under these limits: tests/router/test_front_door.py (a slow head gets 408
+    # from its first byte, an idle connection closes, a caller that never reads is reset,
+    # the connection cap) and tests/router/test_front_door_soak.py. Here: the router's own
+    # settings keep each bounded, with the head far shorter than the idle timeout.
     http = ROUTER_HTTP_LIMITS
-    assert 0 < http.keep_alive_timeout_s <= 120
+    assert 0 < http.head_timeout_s <= 10 < http.keep_alive_timeout_s <= 120
+    assert 0 < http.write_timeout_s <= 60 and 0 < http.body_timeout_s <= 60
     assert http.max_header_bytes <= 64 * 1024
+    assert 0 < http.max_connections <= 10_000

@@ -19,6 +19,7 @@ from sr.http_limits import HttpLimits
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
+from tests.chaos.harness import write_report_row
 
 from .fake_core import FakeReply, FakeRouterCore, make_config
 
@@ -185,6 +186,14 @@ async def test_probes_keep_succeeding_while_hostile_clients_are_cut_off():
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
     successes = [latency for ok, latency in counts.probes if ok]
+    latencies = sorted(latency for _, latency in counts.probes)
+    write_report_row(
+        {"scenario": "front_door_soak", "sent": len(counts.probes), "ok": len(successes),
+         "errors": {}, "lost": len(counts.probes) - len(successes),
+         "max_latency_ms": round(latencies[-1] * 1000),
+         "p50_ms": round(latencies[len(latencies) // 2] * 1000),
+         **{key.replace(" ", "_"): n for key, n in counts.cut.items()}}
+    )  # fmt: skip
     assert len(counts.probes) >= 20
     assert len(successes) >= 0.99 * len(counts.probes), counts.probes
     assert max(latency for _, latency in counts.probes) < 2.0
