@@ -129,27 +129,31 @@ class H1Server:
         accepting, close idle connections, give requests in flight `graceful_timeout_s`,
         then end an ASGI app's lifespan."""
         cap = connection_cap(self.limits.max_connections, len(listeners))
-        async with trio.open_nursery() as lifespan:
-            lifespan.start_soon(self.hang_ups.run)
-            lifespan_ended = trio.Event()
-            if self.adapter is not None:
-                await lifespan.start(self.adapter.lifespan, lifespan_ended.wait)
-            async with trio.open_nursery() as connections:
-                async with trio.open_nursery() as accepting:
-                    for listener in listeners:
-                        accepting.start_soon(self._accept_loop, listener, connections, cap)
-                    task_status.started()
-                    await shutdown_trigger()
-                    accepting.cancel_scope.cancel()
+        async with trio.open_nursery() as poller:
+            poller.start_soon(self.hang_ups.run)
+            async with trio.open_nursery() as lifespan:
+                lifespan_ended = trio.Event()
+                if self.adapter is not None:
+                    await lifespan.start(self.adapter.lifespan, lifespan_ended.wait)
+                await self._serve_until(listeners, shutdown_trigger, cap, task_status)
+                lifespan_ended.set()  # the app's lifespan shutdown runs to its end
+            poller.cancel_scope.cancel()
+
+    async def _serve_until(self, listeners, shutdown_trigger, cap: int, task_status) -> None:
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
                 for listener in listeners:
-                    await listener.aclose()
-                self.stopping = True
-                for connection in list(self._connections):
-                    connection.stop_if_idle()
-                grace = self.limits.graceful_timeout_s
-                connections.cancel_scope.deadline = trio.current_time() + grace
-            lifespan_ended.set()
-            lifespan.cancel_scope.cancel()  # the hang-up poller
+                    accepting.start_soon(self._accept_loop, listener, connections, cap)
+                task_status.started()
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            self.stopping = True
+            for connection in list(self._connections):
+                connection.stop_if_idle()
+            grace = self.limits.graceful_timeout_s
+            connections.cancel_scope.deadline = trio.current_time() + grace
 
     async def _accept_loop(
         self, listener: trio.abc.Listener, nursery: trio.Nursery, cap: int

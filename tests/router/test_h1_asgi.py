@@ -323,3 +323,24 @@ async def test_an_app_waiting_in_receive_after_the_body_sees_the_caller_hang_up(
             while not seen:
                 await trio.sleep(0.01)
     assert seen == ["http.disconnect"]
+
+
+async def test_the_apps_lifespan_shutdown_runs_to_its_end():
+    events: list[str] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "lifespan":
+            return
+        await receive()
+        events.append("startup")
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        await trio.sleep(0.05)  # a shutdown that waits, e.g. to flush something
+        events.append("shutdown")
+        await send({"type": "lifespan.shutdown.complete"})
+
+    with trio.fail_after(5):
+        async with served(app) as (_, stop):
+            assert events == ["startup"]
+            stop.set()
+    assert events == ["startup", "shutdown"]
