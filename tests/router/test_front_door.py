@@ -14,9 +14,10 @@ import pytest
 import trio
 
 from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, open_listeners
+from sr.h1_server import H1Server
 from sr.http_limits import HttpLimits
 
+from .serving import serving
 from .test_app import build
 
 KEY = b"Authorization: Bearer k1\r\n"
@@ -58,14 +59,8 @@ async def served(side: str, **limits):
     else:
         app, _ = build(api_keys=["k1"], max_body=4096)
         server = H1Server(adapter=AsgiAdapter(app), limits=HttpLimits(**limits))
-    listeners, _ = await open_listeners(host="127.0.0.1", port=0)
-    port = listeners[0].socket.getsockname()[1]
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: server.serve(
-            listeners, shutdown_trigger=stop.wait, task_status=task_status))  # fmt: skip
+    async with serving(server) as (port, _):
         yield port, server, worker
-        stop.set()
 
 
 def target(side: str) -> bytes:
@@ -139,18 +134,6 @@ FRAMING = {
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("framing", FRAMING.values(), ids=FRAMING.keys())
-async def test_malformed_framing_is_answered_400_and_closed(side, framing):
-    async with served(side) as (port, _, worker):
-        raw = b"POST " + target(side) + b" HTTP/1.1\r\nHost: x\r\n" + KEY + framing
-        answers, closed = await exchange(port, raw)
-    assert [a[0] for a in answers] == [400], answers
-    assert answers[0][1][b"connection"] == b"close" and closed
-    assert json.loads(answers[0][2])["error"]["code"] == "invalid_request"
-    assert worker is None or worker.calls == []
-
-
-@pytest.mark.parametrize("side", SIDES)
 async def test_transfer_encoding_on_http_1_0_is_refused(side):
     async with served(side) as (port, _, _):
         raw = b"POST " + target(side) + b" HTTP/1.0\r\n" + KEY
@@ -167,13 +150,24 @@ VERSIONS = {
 }
 
 
+def _refused(side: str) -> dict[str, tuple[bytes, int, str]]:
+    """Every malformed framing and unsupported version: (request, status, code)."""
+    head = b"POST " + target(side) + b" HTTP/1.1\r\nHost: x\r\n" + KEY
+    rows = {name: (head + framing, 400, "invalid_request") for name, framing in FRAMING.items()}
+    for name, raw in VERSIONS.items():
+        rows[name] = (raw, 505, "http_version_not_supported")
+    return rows
+
+
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("raw", VERSIONS.values(), ids=VERSIONS.keys())
-async def test_a_version_other_than_1_0_and_1_1_is_answered_505(side, raw):
+@pytest.mark.parametrize("row", [*FRAMING, *VERSIONS])
+async def test_malformed_framing_is_400_and_other_versions_505_then_close(side, row):
+    raw, status, code = _refused(side)[row]
     async with served(side) as (port, _, worker):
         answers, closed = await exchange(port, raw)
-    assert [a[0] for a in answers] == [505] and closed
-    assert json.loads(answers[0][2])["error"]["code"] == "http_version_not_supported"
+    assert [a[0] for a in answers] == [status], answers
+    assert answers[0][1][b"connection"] == b"close" and closed
+    assert json.loads(answers[0][2])["error"]["code"] == code
     assert worker is None or worker.calls == []
 
 
@@ -222,17 +216,12 @@ async def test_trailers_are_read_and_dropped_and_the_connection_carries_on():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    server = H1Server(adapter=AsgiAdapter(app))
-    listeners, _ = await open_listeners(host="127.0.0.1", port=0)
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, listeners)
+    async with _serve_app(app) as (port, _, _):
         one = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
         one += b"3\r\nabc\r\n0\r\nAuthorization: Bearer k1\r\nX-Injected: 1\r\n\r\n"
         answers, _ = await exchange(
             port, one + b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout_s=3
         )
-        nursery.cancel_scope.cancel()
     assert [(a[0], a[2]) for a in answers[:2]] == [(200, b"abc"), (200, b"")]
     names = {name for headers in seen for name, _ in headers}
     assert b"authorization" not in names and b"x-injected" not in names
@@ -349,11 +338,8 @@ async def test_a_half_close_is_a_hang_up_on_both_sides(side):
 @asynccontextmanager
 async def _serve_app(app):
     server = H1Server(adapter=AsgiAdapter(app))
-    listeners, _ = await open_listeners(host="127.0.0.1", port=0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, listeners)
-        yield listeners[0].socket.getsockname()[1], server, None
-        nursery.cancel_scope.cancel()
+    async with serving(server) as (port, _):
+        yield port, server, None
 
 
 # -- limits (item 2) ----------------------------------------------------------------------

@@ -9,9 +9,10 @@ import h11
 import trio
 
 from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, open_listeners
+from sr.h1_server import H1Server
 from sr.http_limits import HttpLimits
 
+from .serving import serving
 from .test_app import CANCELED_LINE, build, stalling
 
 EMBED = json.dumps({"model": "primary", "input": "a"}).encode()
@@ -21,14 +22,8 @@ EMBED = json.dumps({"model": "primary", "input": "a"}).encode()
 async def served(app, grace_s: float = 5.0):
     """The app on 127.0.0.1:<free port>; yields (port, stop); graceful stop on exit."""
     server = H1Server(adapter=AsgiAdapter(app), limits=HttpLimits(graceful_timeout_s=grace_s))
-    listeners, _ = await open_listeners(host="127.0.0.1", port=0)
-    port = listeners[0].socket.getsockname()[1]
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: server.serve(
-            listeners, shutdown_trigger=stop.wait, task_status=task_status))  # fmt: skip
+    async with serving(server) as (port, stop):
         yield port, stop
-        stop.set()
 
 
 def post(path: str, body: bytes, *extra: bytes) -> bytes:
