@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from sr.errors import UnsupportedModel
+from sr.models.blocks import Packed
 from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.families import family_for
 from sr.models.pooling import pool
@@ -99,7 +100,7 @@ class EncoderModel:
         keep = max_tokens - len(self._suffix)
         return ids[:keep] + self._suffix
 
-    def _pack(self, batch: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    def _pack(self, batch: list[list[int]]) -> tuple[torch.Tensor, Packed]:
         if not batch:
             raise ValueError("empty batch")
         lengths = [len(row) for row in batch]
@@ -114,7 +115,7 @@ class EncoderModel:
         # Checked on the Python list: cheaper than two tensor reductions for short rows.
         if min(flat) < 0 or max(flat) >= self.backbone.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.backbone.vocab_size})")
-        return torch.tensor(flat, dtype=torch.long, device=self.device), lengths
+        return torch.tensor(flat, dtype=torch.long, device=self.device), Packed(lengths)
 
     def calibrate_threads(self) -> int:
         """Measure the BLAS short-matrix cut-off at the thread count now in force (a few ms,
@@ -123,20 +124,19 @@ class EncoderModel:
 
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, embedding_dim] on the CPU: pooled, normalised if the checkpoint says so."""
-        ids, lengths = self._pack(batch)
+        ids, packed = self._pack(batch)
         with torch.inference_mode():
-            hidden = self.backbone.hidden_states(ids, lengths)
-            return pool(hidden, lengths, self.pooling_modes, self.normalize).cpu()
+            hidden = self.backbone.hidden_states(ids, packed)
+            return pool(hidden, packed.lengths, self.pooling_modes, self.normalize).cpu()
 
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
         if self.head_labels is None:
             raise ValueError(f"{self.artifact_dir} has no classification head")
-        ids, lengths = self._pack(batch)
+        ids, packed = self._pack(batch)
         with torch.inference_mode():
-            hidden = self.backbone.hidden_states(ids, lengths)
-            starts = list(itertools.accumulate([0, *lengths[:-1]]))
-            return self.backbone.classify(hidden[starts]).cpu()
+            hidden = self.backbone.hidden_states(ids, packed)
+            return self.backbone.classify(hidden, packed).cpu()
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

@@ -1,10 +1,11 @@
 """Model families, keyed by config.json `model_type`.
 
 A family turns (config, safetensors weights, device) into an object with
-`hidden_states(ids [T], lengths) -> [T, H]` over packed rows, `hidden_size`,
-`max_positions`, `vocab_size`, `calibrate()` (BLAS cut-off rows, see gemm_rows),
-`has_head` and, with a head, `classify(first_states)`.
-Adding a family (say RoBERTa) is one entry here.
+`hidden_states(ids [T], packed) -> [T, H]` over packed rows (sr.models.blocks.Packed),
+`hidden_size`, `max_positions`, `vocab_size`, `calibrate()` (BLAS cut-off rows, see
+gemm_rows), `has_head` and, with a head, `num_labels` and `classify(hidden, packed)`.
+Families share their building blocks (sr.models.blocks); adding one is a module on those
+blocks and one entry here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sr.errors import UnsupportedModel
-from sr.models.bert import BertEncoder
+from sr.models.bert import BertEncoder, RobertaEncoder
 
 FAMILIES: dict[str, Callable] = {
     "bert": BertEncoder,
+    "roberta": RobertaEncoder,
+    "xlm-roberta": RobertaEncoder,
 }
 
 

@@ -1,0 +1,184 @@
+"""Building blocks every family shares, over packed rows.
+
+A forward runs on all rows' tokens concatenated ([T, ...], no padding), so a row's
+arithmetic does not depend on which other rows share the forward: what lets the worker
+batch requests under the `exact` profile. Two things are not per token and live here:
+
+* attention, run per group of equal-length rows (`attention`), with the masks a family
+  needs (causal, a sliding window, an additive bias such as MPNet's relative positions)
+  and grouped-query attention (fewer key/value heads than query heads);
+* the BLAS short-matrix cut-off: a product of fewer rows than the cut-off may round its
+  rows differently from a longer one (sr.models.gemm_rows), so a family appends zero rows
+  up to it (`PackedEncoder.padded_rows`) before its per-token products.
+
+Rotary position embeddings and RMSNorm follow the formulas of the transformers modeling
+files the families are checked against (tests/models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from sr.errors import UnsupportedModel
+from sr.models.gemm_rows import min_consistent_rows
+
+# An attention mask for rows of one length: None, or a bool [L, L] (True: may attend) or an
+# additive float [heads or 1, L, L], as F.scaled_dot_product_attention takes it.
+MaskFor = Callable[[int], torch.Tensor | None]
+
+
+def take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    try:
+        return weights[name]
+    except KeyError:
+        raise UnsupportedModel(f"model.safetensors lacks the tensor {name!r}") from None
+
+
+def strip_prefix(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Backbone weights without the `*ForSequenceClassification` prefix (`bert.`, ...);
+    the head's own tensors keep their names."""
+    if not any(k.startswith(prefix) for k in weights):
+        return weights
+    return {k.removeprefix(prefix): v for k, v in weights.items()}
+
+
+class Packed:
+    """Where each row lies in a packed forward; computed once, used by every layer."""
+
+    __slots__ = ("_positions", "groups", "lengths", "starts", "tokens")
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+        starts = [0]
+        for length in lengths:
+            starts.append(starts[-1] + length)
+        self.starts = starts  # row i is tokens starts[i]:starts[i+1]
+        self.tokens = starts[-1]
+        # Rows of equal length attend together: {length: [row indices]}.
+        groups: dict[int, list[int]] = {}
+        for index, length in enumerate(lengths):
+            groups.setdefault(length, []).append(index)
+        self.groups = groups
+        self._positions: torch.Tensor | None = None
+
+    @property
+    def uniform(self) -> bool:
+        return len(self.groups) == 1
+
+    def positions(self, table: torch.Tensor) -> torch.Tensor:
+        """Each token's position in its row, 0-based, as indices into `table` [P] (an
+        arange on the forward's device, so no tensor is built per call)."""
+        if self._positions is None:
+            if len(self.lengths) == 1:
+                self._positions = table[: self.lengths[0]]
+            else:
+                self._positions = torch.cat([table[:n] for n in self.lengths])
+        return self._positions
+
+    def first_tokens(self) -> list[int]:
+        return self.starts[:-1]
+
+    def last_tokens(self) -> list[int]:
+        return [end - 1 for end in self.starts[1:]]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: Packed,
+    *,
+    scale: float,
+    causal: bool = False,
+    mask_for: MaskFor | None = None,
+) -> torch.Tensor:
+    """Self-attention of packed rows: q [T, heads, D], k and v [T, kv_heads, D] (kv_heads
+    divides heads) -> context [T, heads * D]. Each row attends to its own tokens only."""
+    heads, dim = q.shape[1], q.shape[2]
+    gqa = k.shape[1] != heads
+    if packed.uniform:
+        n, length = len(packed.lengths), packed.lengths[0]
+        ctx = _attend(q, k, v, n, length, scale, causal, mask_for, gqa)
+        return ctx.reshape(n * length, heads * dim)
+    out = torch.empty(packed.tokens, heads * dim, device=q.device, dtype=q.dtype)
+    starts = packed.starts
+    for length, rows in packed.groups.items():
+        if len(rows) == 1:
+            span = slice(starts[rows[0]], starts[rows[0]] + length)
+            parts = q[span], k[span], v[span]
+        else:
+            spans = [slice(starts[r], starts[r] + length) for r in rows]
+            parts = tuple(torch.cat([t[s] for s in spans]) for t in (q, k, v))
+        ctx = _attend(*parts, len(rows), length, scale, causal, mask_for, gqa)
+        ctx = ctx.reshape(len(rows), length, heads * dim)
+        for i, r in enumerate(rows):
+            out[starts[r] : starts[r] + length] = ctx[i]
+    return out
+
+
+def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
+    """[n * length, h, D] inputs of n rows of one length -> [n, length, heads, D]."""
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t.view(n, length, t.shape[1], t.shape[2]).transpose(1, 2)
+
+    mask = mask_for(length) if mask_for is not None else None
+    ctx = F.scaled_dot_product_attention(
+        rows(q), rows(k), rows(v), attn_mask=mask, is_causal=causal and mask is None,
+        scale=scale, enable_gqa=gqa,
+    )  # fmt: skip
+    return ctx.transpose(1, 2)
+
+
+def sliding_window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
+    """bool [L, L]: token i attends to j when |i - j| <= window // 2 (ModernBERT's local
+    attention, `local_attention` tokens wide)."""
+    index = torch.arange(length, device=device)
+    return (index[None, :] - index[:, None]).abs() <= window // 2
+
+
+class Rotary:
+    """Rotary position embeddings (the `rotate_half` convention of transformers' Llama,
+    Qwen and ModernBERT files): cos/sin tables built once up to `max_positions`."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device):
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        self.cos = angles.cos().to(device)
+        self.sin = angles.sin().to(device)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] rotated by each token's position [T]."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as transformers' Llama/Qwen files compute it (in float32)."""
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+class PackedEncoder:
+    """What every family shares: the device, the BLAS cut-off padding, the position
+    table. Subclasses set `hidden_size` and implement `hidden_states(ids, packed)`."""
+
+    hidden_size: int
+    device: torch.device
+
+    def calibrate(self) -> int:
+        """The BLAS short-matrix cut-off (rows) at the current thread count; cached."""
+        return min_consistent_rows(self.device, self.hidden_size, self.hidden_size)
+
+    def padded_rows(self, rows: int) -> int:
+        """Zero rows to append so every product is past the BLAS short-matrix cut-off."""
+        return max(0, self.calibrate() - rows)

@@ -1,0 +1,88 @@
+"""Every family against transformers on tiny random checkpoints (tests/models/reference.py):
+hidden states and classifier logits within 1e-5 at float32, and each row bit-identical
+alone and packed with rows of other lengths."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from sr.models import load_model
+from sr.models.blocks import Packed
+from tests.models.reference import (
+    VOCAB,
+    random_rows,
+    reference_hidden,
+    reference_logits,
+    write_reference,
+)
+
+transformers = pytest.importorskip("transformers")
+
+LENGTHS = [1, 5, 5, 17, 40, 3]  # equal lengths share an attention group; others do not
+TOLERANCE = 1e-5
+
+
+def _bert(**extra):
+    return transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=128, **extra,
+    )  # fmt: skip
+
+
+def _roberta(**extra):
+    return transformers.RobertaConfig(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=130, pad_token_id=1, **extra,
+    )  # fmt: skip
+
+
+def _xlm_roberta(**extra):
+    return transformers.XLMRobertaConfig(
+        vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=130, pad_token_id=1, **extra,
+    )  # fmt: skip
+
+
+CONFIGS = {"bert": _bert, "roberta": _roberta, "xlm-roberta": _xlm_roberta}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def family(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    write_reference(folder, CONFIGS[request.param]())
+    return request.param, folder
+
+
+def _sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    ids = torch.tensor([t for row in rows for t in row])
+    packed = Packed([len(row) for row in rows])
+    with torch.inference_mode():
+        hidden = model.backbone.hidden_states(ids, packed)
+    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
+
+
+def test_hidden_states_match_transformers_and_rows_are_the_same_alone_and_packed(family):
+    _, folder = family
+    model = load_model(folder)
+    rows = random_rows(LENGTHS)
+    expected = reference_hidden(folder, rows)
+    packed = _sr_hidden(model, rows)
+    for row, want, got in zip(rows, expected, packed, strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE
+        (alone,) = _sr_hidden(model, [row])
+        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("labels", [3, 1])
+def test_classifier_logits_match_transformers(tmp_path, name, labels):
+    folder = write_reference(tmp_path, CONFIGS[name](num_labels=labels), head=True)
+    model = load_model(folder)
+    rows = random_rows(LENGTHS)
+    assert model.head_labels is not None and len(model.head_labels) == labels
+    got = model.classify_logits(rows)
+    want = reference_logits(folder, rows)
+    assert (got - want).abs().max().item() <= TOLERANCE
