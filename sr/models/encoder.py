@@ -59,6 +59,9 @@ class EncoderModel:
                     f"{len(labels)} labels"
                 )
             self.head_labels = labels
+        self.head_activation = (
+            head_activation(layout.config, len(self.head_labels)) if self.head_labels else None
+        )
         # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
         empty = tokenizer.encode("").ids
         self._suffix = empty[1:] if empty else []
@@ -137,6 +140,15 @@ class EncoderModel:
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
             return self.backbone.classify(hidden, packed).cpu()
+
+
+def head_activation(config: dict, labels: int) -> str:
+    """How a head's logits become probabilities, as transformers trains them: "sigmoid",
+    each label on its own, for multi-label heads (`problem_type`) and single-logit heads
+    (a cross-encoder's relevance score, a binary score); else "softmax" over the labels."""
+    if config.get("problem_type") == "multi_label_classification" or labels == 1:
+        return "sigmoid"
+    return "softmax"
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

@@ -290,6 +290,7 @@ class WorkerService:
             "overflow": options.overflow,
             "embedding_dim": getattr(model, "embedding_dim", None),
             "head_labels": getattr(model, "head_labels", None),
+            "head_activation": getattr(model, "head_activation", None),
             "golden": self.golden,
             "batching": {
                 "cross_request": engine.cross_request if engine else None,

@@ -85,9 +85,12 @@ class Tasks:
                 )
             rows, usage = await self._rows(texts, fields)
             scores = await self.engine.compute("classify", rows)
+        to_probabilities = _softmax
+        if "labels" not in body and self.model.head_activation == "sigmoid":
+            to_probabilities = _sigmoids
         results = []
         for index, row_scores in enumerate(scores):
-            probabilities = _softmax(row_scores)
+            probabilities = to_probabilities(row_scores)
             best = max(range(len(keys)), key=probabilities.__getitem__)
             results.append(
                 {
@@ -208,6 +211,11 @@ def _softmax(scores: list[float]) -> list[float]:
     exps = [math.exp(s - top) for s in scores]
     total = math.fsum(exps)
     return [e / total for e in exps]
+
+
+def _sigmoids(scores: list[float]) -> list[float]:
+    """Each label's own probability (multi-label and single-logit heads)."""
+    return [0.5 * (1.0 + math.tanh(0.5 * s)) for s in scores]  # no overflow at any score
 
 
 def _base64_float32(vector: list[float]) -> str:

@@ -8,9 +8,11 @@ import math
 import struct
 
 import pytest
+import torch
 import trio
 from worker_fakes import passing_golden, post, running
 
+from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
 from sr.worker.validation import MAX_BODY_BYTES, MAX_INPUTS
 
@@ -269,3 +271,28 @@ async def test_concurrent_requests_get_their_unbatched_answers(tiny_model_dir):
         assert forwards < len(texts), forwards  # rows of several requests shared forwards
     else:
         assert forwards == len(texts)
+
+
+@pytest.mark.parametrize(
+    ("labels", "problem_type", "activation"),
+    [
+        (["relevant"], None, "sigmoid"),  # a single logit: a cross-encoder's score
+        (["spam", "urgent"], "multi_label_classification", "sigmoid"),
+        (["spam", "urgent"], None, "softmax"),
+    ],
+)
+async def test_head_probabilities_follow_the_heads_training(
+    tmp_path, labels, problem_type, activation
+):
+    folder = write_tiny_bert(tmp_path / "head", with_head=True, labels=labels)
+    if problem_type is not None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "problem_type": problem_type}))
+    async with running(options(folder), golden_check_fn=passing_golden) as service:
+        status, answer = await post(service, "/v1/classify", {"input": ["good", "bad"]})
+        logits = service.model.classify_logits(service.model.tokenize(["good", "bad"]))
+    assert status == 200 and service.card()["head_activation"] == activation
+    want = torch.sigmoid(logits) if activation == "sigmoid" else torch.softmax(logits, dim=1)
+    for result, row in zip(answer["results"], want.tolist(), strict=True):
+        assert list(result["probabilities"]) == labels
+        assert list(result["probabilities"].values()) == pytest.approx(row, abs=1e-6)

@@ -34,6 +34,7 @@ class FakeModel:
     def __init__(self, *, invariant: bool = True, head_labels: list[str] | None = None) -> None:
         self.invariant = invariant
         self.head_labels = head_labels
+        self.head_activation = "softmax" if head_labels else None
         self.batches: list[list[int]] = []  # row lengths of every forward, in order
         self.gate: threading.Event | None = None  # when set up, forwards wait for it
         self.fail_next = False
