@@ -247,6 +247,7 @@ class Connection:
         self.stream = stream
         self.parser = RequestParser(self.limits.max_header_bytes)
         self._idle_scope: trio.CancelScope | None = None
+        self._hang_up_scope = trio.CancelScope()  # Connection.serve's, for its whole life
         # Since when it has waited for a next request with no byte of it yet; None while
         # a request is read or served. The connection cap closes the longest idle first.
         self.idle_since: float | None = None
@@ -264,6 +265,15 @@ class Connection:
             self._idle_scope.cancel()
 
     async def serve(self) -> None:
+        # One scope for the connection's life, which the hang-up poller cancels when the
+        # caller hangs up while the handler runs (_call_handler): the connection is over
+        # then anyway, and a scope per request cost the worker 10-30 us (bench/narrative.md).
+        with trio.CancelScope() as self._hang_up_scope:
+            await self._serve_requests()
+        if self._hang_up_scope.cancelled_caught:
+            raise PeerGone()
+
+    async def _serve_requests(self) -> None:
         while not self.server.stopping:
             request = await self._next_request()
             if request is None:
@@ -329,8 +339,6 @@ class Connection:
             return False
         try:
             status, headers, payload = await self._call_handler(method, path, body)
-        except PeerGone:
-            raise
         except Exception:
             _log.exception("handler failed on %s %s", method, path)
             error = RequestError("the worker failed to answer")
@@ -345,17 +353,17 @@ class Connection:
         return not close
 
     async def _call_handler(self, method: str, path: str, body: bytes) -> Response:
-        """The handler's answer; PeerGone, with the handler cancelled, if the caller hangs
-        up (or half-closes) first, as the router's front end cancels a dispatch."""
+        """The handler's answer. If the caller hangs up (or half-closes) first, the
+        server's poller cancels the connection's scope: the handler is cancelled and the
+        connection ends without an answer, as the router's front end cancels a dispatch."""
         if type(self.stream) is not trio.SocketStream:
             return await self.server.handler(method, path, body)
-        with trio.CancelScope() as scope:
-            self.server.hang_ups.watch(self, self.stream.socket.fileno(), scope.cancel)
-            try:
-                return await self.server.handler(method, path, body)
-            finally:
-                self.server.hang_ups.unwatch(self)
-        raise PeerGone()
+        hang_ups = self.server.hang_ups
+        hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
+        try:
+            return await self.server.handler(method, path, body)
+        finally:
+            hang_ups.unwatch(self)
 
     async def _read_body(self, request: RequestHead) -> bytes:
         limit = self.limits.max_body_bytes
@@ -445,14 +453,17 @@ class Connection:
         """All of `data` within the write timeout; BrokenResourceError (the connection is
         dropped) for a caller that does not read."""
         timeout = self.limits.write_timeout_s
-        with trio.move_on_after(timeout):
-            await sockio.send_all(self.stream, data)
-            return
-        if isinstance(self.stream, trio.SocketStream):
-            # Close with a reset: a plain close would leave the unsent answer in the
-            # kernel, retried for minutes towards a caller that reads nothing.
-            self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-        raise trio.BrokenResourceError(f"the caller did not read its answer within {timeout:g}s")
+        try:
+            await sockio.send_all(self.stream, data, trio.current_time() + timeout)
+        except sockio.SendTimeout:
+            if isinstance(self.stream, trio.SocketStream):
+                # Close with a reset: a plain close would leave the unsent answer in the
+                # kernel, retried for minutes towards a caller that reads nothing.
+                sock = self.stream.socket
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            raise trio.BrokenResourceError(
+                f"the caller did not read its answer within {timeout:g}s"
+            ) from None
 
     async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a

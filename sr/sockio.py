@@ -20,6 +20,7 @@ answer. Streams that are not sockets fall back to their own methods.
 
 from __future__ import annotations
 
+import math
 import os
 
 import trio
@@ -52,11 +53,19 @@ async def receive_some_noting_wait(stream: trio.abc.Stream, max_bytes: int) -> t
         waited = True
 
 
-async def send_all(stream: trio.abc.Stream, data: bytes) -> None:
-    """All of `data`, waiting only while the socket's send buffer is full."""
+class SendTimeout(trio.BrokenResourceError):
+    """The peer did not take the data before the deadline (it does not read)."""
+
+
+async def send_all(stream: trio.abc.Stream, data: bytes, deadline: float = math.inf) -> None:
+    """All of `data`, waiting only while the socket's send buffer is full, and then only
+    until `deadline` (trio time): SendTimeout after it. The deadline costs a cancel scope
+    only when the write has to wait, which an answer to a caller that reads seldom does."""
     if type(stream) is not trio.SocketStream:
-        await stream.send_all(data)
-        return
+        with trio.move_on_at(deadline):
+            await stream.send_all(data)
+            return
+        raise SendTimeout("the peer did not read in time")
     await trio.lowlevel.checkpoint_if_cancelled()
     sock = stream.socket
     if sock.did_shutdown_SHUT_WR:
@@ -74,4 +83,7 @@ async def send_all(stream: trio.abc.Stream, data: bytes) -> None:
             pass
         except OSError as error:
             raise trio.BrokenResourceError(f"write failed: {error!r}") from error
-        await trio.lowlevel.wait_writable(sock)
+        with trio.move_on_at(deadline) as waiting:
+            await trio.lowlevel.wait_writable(sock)
+        if waiting.cancelled_caught:
+            raise SendTimeout("the peer did not read in time")

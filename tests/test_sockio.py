@@ -100,3 +100,11 @@ async def test_streams_that_are_not_sockets_use_their_own_methods():
     a, b = trio.testing.memory_stream_pair()
     await sockio.send_all(a, b"over memory")
     assert await sockio.receive_some_noting_wait(b, 100) == (b"over memory", True)
+
+
+async def test_a_send_the_peer_does_not_take_stops_at_the_deadline():
+    a, _ = await _pair()
+    started = trio.current_time()
+    with pytest.raises(sockio.SendTimeout):
+        await sockio.send_all(a, b"x" * (16 << 20), deadline=started + 0.2)
+    assert 0.15 < trio.current_time() - started < 2.0
