@@ -143,7 +143,7 @@ class BertEncoder(PackedEncoder):
             )
         return x[:tokens] if pad else x
 
-    def classify(self, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+    def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token ([CLS], <s>) hidden state."""
         states = hidden[packed.first_tokens()]
         rows = states.shape[0]

@@ -139,7 +139,7 @@ class EncoderModel:
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
-            return self.backbone.classify(hidden, packed).cpu()
+            return self.backbone.classify(hidden, packed, ids).cpu()
 
 
 def head_activation(config: dict, labels: int) -> str:

@@ -3,30 +3,37 @@
 A family turns (config, safetensors weights, device) into an object with
 `hidden_states(ids [T], packed) -> [T, H]` over packed rows (sr.models.blocks.Packed),
 `hidden_size`, `max_positions`, `vocab_size`, `calibrate()` (BLAS cut-off rows, see
-gemm_rows), `has_head` and, with a head, `num_labels` and `classify(hidden, packed)`.
+gemm_rows), `has_head` and, with a head, `num_labels` and `classify(hidden, packed, ids)` (the
+packed ids too: a decoder's head reads each row's last token that is not padding).
 Families share their building blocks (sr.models.blocks); adding one is a module on those
 blocks and one entry here.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from sr.errors import UnsupportedModel
-from sr.models.bert import BertEncoder, RobertaEncoder
 
-FAMILIES: dict[str, Callable] = {
-    "bert": BertEncoder,
-    "roberta": RobertaEncoder,
-    "xlm-roberta": RobertaEncoder,
+# model_type -> (module, class): a family's module is imported only when a checkpoint of
+# it is loaded.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "bert": ("sr.models.bert", "BertEncoder"),
+    "roberta": ("sr.models.bert", "RobertaEncoder"),
+    "xlm-roberta": ("sr.models.bert", "RobertaEncoder"),
+    "mpnet": ("sr.models.mpnet", "MPNetEncoder"),
+    "modernbert": ("sr.models.modernbert", "ModernBertEncoder"),
+    "qwen3": ("sr.models.qwen3", "Qwen3Encoder"),
 }
 
 
 def family_for(model_type: str) -> Callable:
     try:
-        return FAMILIES[model_type]
+        module, name = FAMILIES[model_type]
     except KeyError:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModel(
             f"model_type {model_type!r} is not supported (supported: {known})"
         ) from None
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,230 @@
+"""The ModernBERT family in plain torch over packed rows (sr.models.blocks).
+
+What differs from BERT (sr.models.bert):
+* no position table: rotary embeddings on queries and keys, with one theta on global
+  layers and another on local ones;
+* local layers attend within a sliding window of `local_attention` tokens (|i - j| <=
+  local_attention // 2, the same bound as transformers' eager and flash paths); a layer
+  is global or local by config `layer_types`, or, in configs written before it existed,
+  global when `i % global_attn_every_n_layers == 0`;
+* pre-norm blocks (the first layer has no attention norm: the embedding norm precedes
+  it), a norm after the last layer, GeGLU feed-forward (`Wi` -> input, gate; act(input) *
+  gate -> `Wo`), LayerNorms and linears without biases unless the config asks for them.
+
+Weights follow the Hugging Face names of `ModernBertModel`, optionally under the `model.`
+prefix of a `*ForSequenceClassification` (or `*ForMaskedLM`) checkpoint. The
+classification head pools each row (`classifier_pooling`: its first token, or the mean of
+its tokens), then `head.dense` + activation + `head.norm`, then `classifier`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from sr.errors import UnsupportedModel
+from sr.models.blocks import (
+    Packed,
+    PackedEncoder,
+    Rotary,
+    attention,
+    sliding_window_mask,
+    strip_prefix,
+    take,
+)
+
+# transformers' ACT2FN names whose modules call exactly these torch functions.
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def _activation(config: dict, key: str):
+    name = config.get(key, "gelu")
+    if name not in _ACTIVATIONS:
+        raise UnsupportedModel(
+            f"{key} {name!r} is not supported (supported: {sorted(_ACTIVATIONS)})"
+        )
+    return _ACTIVATIONS[name]
+
+
+def _layer_kinds(config: dict, count: int) -> list[str]:
+    kinds = config.get("layer_types")
+    if kinds is None:
+        every = int(config.get("global_attn_every_n_layers", 3))
+        if every < 1:
+            raise UnsupportedModel(f"global_attn_every_n_layers {every} is not supported")
+        kinds = [_LAYER_KINDS[bool(i % every)] for i in range(count)]
+    if len(kinds) != count or any(kind not in _LAYER_KINDS for kind in kinds):
+        raise UnsupportedModel(f"layer_types {kinds!r} is not supported")
+    return list(kinds)
+
+
+def _rope_theta(config: dict, kind: str) -> float:
+    """Theta of a layer kind: `rope_parameters` (transformers >= 5) or the older
+    `global_rope_theta` / `local_rope_theta` keys, with transformers' defaults."""
+    if config.get("rope_scaling"):
+        raise UnsupportedModel(f"rope_scaling {config['rope_scaling']!r} is not supported")
+    legacy = {"full_attention": ("global_rope_theta", 160_000.0),
+              "sliding_attention": ("local_rope_theta", 10_000.0)}[kind]  # fmt: skip
+    params = (config.get("rope_parameters") or {}).get(kind) or {}
+    if params.get("rope_type", "default") != "default":
+        raise UnsupportedModel(f"rope_type {params['rope_type']!r} is not supported")
+    return float(params.get("rope_theta", config.get(legacy[0], legacy[1])))
+
+
+def _affine(w, name: str, bias: bool, put) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias or None) of a linear or LayerNorm, as F.linear / F.layer_norm take them."""
+    return put(take(w, f"{name}.weight")), put(take(w, f"{name}.bias")) if bias else None
+
+
+class _Layer:
+    """One pre-norm block's weights and its kind (rotary table, windowed or not)."""
+
+    __slots__ = ("attn_norm", "mlp_norm", "out", "qkv", "rotary", "wi", "window", "wo")
+
+    def __init__(self, w, index: int, put, biases: tuple[bool, bool, bool], rotary, window):
+        attention_bias, mlp_bias, norm_bias = biases
+        p = f"layers.{index}"
+        # Layer 0's attention norm is an Identity in transformers: the embedding norm
+        # has just normalised its input.
+        self.attn_norm = _affine(w, f"{p}.attn_norm", norm_bias, put) if index else None
+        self.qkv = _affine(w, f"{p}.attn.Wqkv", attention_bias, put)
+        self.out = _affine(w, f"{p}.attn.Wo", attention_bias, put)
+        self.mlp_norm = _affine(w, f"{p}.mlp_norm", norm_bias, put)
+        self.wi = _affine(w, f"{p}.mlp.Wi", mlp_bias, put)
+        self.wo = _affine(w, f"{p}.mlp.Wo", mlp_bias, put)
+        self.rotary: Rotary = rotary
+        self.window: bool = window
+
+
+class ModernBertEncoder(PackedEncoder):
+    """Hidden states of packed rows, plus the sequence-classification head if any."""
+
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+        self.act = _activation(config, "hidden_activation")
+        weights = strip_prefix(weights, "model.")
+        self.hidden_size = int(config["hidden_size"])
+        self.num_heads = int(config["num_attention_heads"])
+        if self.hidden_size % self.num_heads:
+            raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
+        self.head_dim = self.hidden_size // self.num_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.eps = float(config.get("norm_eps", 1e-5))
+        self.window = int(config.get("local_attention", 128))
+        self.max_positions = int(config.get("max_position_embeddings", 8192))
+        self.device = device
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=torch.float32).contiguous()
+
+        norm_bias = bool(config.get("norm_bias", False))
+        self.word = put(take(weights, "embeddings.tok_embeddings.weight"))
+        self.vocab_size = self.word.shape[0]
+        self.emb_norm = _affine(weights, "embeddings.norm", norm_bias, put)
+        self.final_norm = _affine(weights, "final_norm", norm_bias, put)
+        count = int(config["num_hidden_layers"])
+        kinds = _layer_kinds(config, count)
+        rotary = {
+            kind: Rotary(self.head_dim, _rope_theta(config, kind), self.max_positions, device)
+            for kind in set(kinds)
+        }
+        biases = (
+            bool(config.get("attention_bias", False)),
+            bool(config.get("mlp_bias", False)),
+            norm_bias,
+        )
+        self.layers = [
+            _Layer(weights, i, put, biases, rotary[kind], kind == "sliding_attention")
+            for i, kind in enumerate(kinds)
+        ]
+        self.positions = torch.arange(self.max_positions, device=device)
+        self.has_head = self._load_head(config, weights, norm_bias, put)
+
+    def _load_head(self, config: dict, weights, norm_bias: bool, put) -> bool:
+        if "classifier.weight" not in weights:
+            return False
+        self.pooling = config.get("classifier_pooling", "cls")
+        if self.pooling not in ("cls", "mean"):
+            raise UnsupportedModel(f"classifier_pooling {self.pooling!r} is not supported")
+        self.head_act = _activation(config, "classifier_activation")
+        dense_bias = bool(config.get("classifier_bias", False))
+        self.head_dense = _affine(weights, "head.dense", dense_bias, put)
+        self.head_norm = _affine(weights, "head.norm", norm_bias, put)
+        self.head_out = _affine(weights, "classifier", True, put)
+        self.num_labels = self.head_out[0].shape[0]
+        return True
+
+    def _window_masks(self):
+        """mask_for(length) of the local layers, each length's mask built once per forward
+        (not kept across forwards: a mask is length² and lengths reach thousands)."""
+        reach = self.window // 2
+        masks: dict[int, torch.Tensor] = {}
+
+        def mask_for(length: int) -> torch.Tensor | None:
+            if length <= reach + 1:
+                return None  # the window covers the whole row
+            if length not in masks:
+                masks[length] = sliding_window_mask(length, self.window, self.device)
+            return masks[length]
+
+        return mask_for
+
+    def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Last hidden states [T, H] of packed token ids [T]."""
+        hidden_size, eps = self.hidden_size, self.eps
+        x = F.layer_norm(self.word[ids], (hidden_size,), *self.emb_norm, eps)
+        tokens = x.shape[0]
+        pad = self.padded_rows(tokens)
+        if pad:
+            # Padding rows only ever meet per-row operations; attention never sees them.
+            x = F.pad(x, (0, 0, 0, pad))
+        positions = packed.positions(self.positions)
+        window_masks = self._window_masks()
+        heads, dim = self.num_heads, self.head_dim
+        for layer in self.layers:
+            h = (
+                F.layer_norm(x, (hidden_size,), *layer.attn_norm, eps)
+                if layer.attn_norm is not None
+                else x
+            )
+            qkv = F.linear(h, *layer.qkv)
+            q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
+            q, k = layer.rotary.apply(q, positions), layer.rotary.apply(k, positions)
+            mask_for = window_masks if layer.window else None
+            ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
+            if pad:
+                ctx = F.pad(ctx, (0, 0, 0, pad))
+            x = x + F.linear(ctx, *layer.out)
+            h = F.layer_norm(x, (hidden_size,), *layer.mlp_norm, eps)
+            inputs, gate = F.linear(h, *layer.wi).chunk(2, dim=-1)
+            x = x + F.linear(self.act(inputs) * gate, *layer.wo)
+        x = F.layer_norm(x, (hidden_size,), *self.final_norm, eps)
+        return x[:tokens] if pad else x
+
+    def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, labels] from each row's first token or mean token (classifier_pooling)."""
+        if self.pooling == "cls":
+            states = hidden[packed.first_tokens()]
+        else:
+            # Each row's mean over exactly its own tokens, as transformers' all-ones mask gives.
+            states = torch.stack(
+                [hidden[a:b].sum(0) / (b - a) for a, b in itertools.pairwise(packed.starts)]
+            )
+        rows = states.shape[0]
+        pad = self.padded_rows(rows)
+        if pad:
+            states = F.pad(states, (0, 0, 0, pad))
+        pooled = F.layer_norm(
+            self.head_act(F.linear(states, *self.head_dense)), (self.hidden_size,),
+            *self.head_norm, self.eps,
+        )  # fmt: skip
+        return F.linear(pooled, *self.head_out)[:rows]

@@ -1,0 +1,188 @@
+"""The MPNet family in plain torch over packed rows (sr.models.blocks): `MPNetModel` and
+`MPNetForSequenceClassification` (sentence-transformers' all-mpnet-base-v2 is one).
+
+What differs from BERT (sr.models.bert):
+* position ids count from 2 (`padding_idx + 1`, padding_idx fixed at 1 by transformers
+  whatever config.json says), as RoBERTa's, and there are no token type embeddings;
+* a relative position bias, one learnt value per (bucket, head) in
+  `encoder.relative_attention_bias`, is added to every layer's attention scores. The
+  bucket of a query/key pair depends only on their offset, so it reaches `attention` as an
+  additive float mask [heads, L, L], built once per row length per forward;
+* the layer names (`attention.attn.q/k/v/o`, `attention.LayerNorm`) and the classifier
+  (`classifier.dense` + tanh on the <s> state, then `classifier.out_proj`, as RoBERTa).
+Backbone tensors carry the `mpnet.` prefix in a `*ForSequenceClassification` checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from sr.errors import UnsupportedModel
+from sr.models.blocks import Packed, PackedEncoder, attention, strip_prefix, take
+
+# transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
+# argument, not config.relative_attention_num_buckets) with a reach of 128 tokens.
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+# Position ids start at padding_idx + 1 = 2 for a row without padding.
+POSITION_OFFSET = 2
+
+
+def relative_buckets(max_positions: int) -> torch.Tensor:
+    """Bucket [2P - 1] of each offset `query - key` in [-(P - 1), P - 1] (index offset +
+    P - 1). Keys after the query use the upper half of the buckets. In each half, offsets
+    under 8 get a bucket each and longer ones share log-spaced buckets up to 128 tokens,
+    the last bucket taking everything farther. Computed on the CPU with transformers' float32
+    steps, so the boundaries between log-spaced buckets fall exactly where its do."""
+    offset = torch.arange(-(max_positions - 1), max_positions)
+    distance = offset.abs()
+    half = NUM_BUCKETS // 2
+    exact = half // 2
+    # clamp: the log of distances under `exact` is never used; keep it finite.
+    scaled = torch.log(distance.clamp(min=exact).float() / exact) / math.log(MAX_DISTANCE / exact)
+    far = (exact + (scaled * (half - exact)).to(torch.long)).clamp(max=half - 1)
+    return torch.where(distance < exact, distance, far) + (offset < 0).long() * half
+
+
+class _Layer:
+    """One transformer block's weights, query/key/value fused into one projection."""
+
+    __slots__ = (
+        "ffn_in_b",
+        "ffn_in_w",
+        "ffn_out_b",
+        "ffn_out_w",
+        "ln1",
+        "ln2",
+        "out_b",
+        "out_w",
+        "qkv_b",
+        "qkv_w",
+    )
+
+    def __init__(self, w: dict[str, torch.Tensor], p: str, put):
+        attn = f"{p}.attention"
+        self.qkv_w = put(torch.cat([take(w, f"{attn}.attn.{n}.weight") for n in "qkv"]))
+        self.qkv_b = put(torch.cat([take(w, f"{attn}.attn.{n}.bias") for n in "qkv"]))
+        self.out_w = put(take(w, f"{attn}.attn.o.weight"))
+        self.out_b = put(take(w, f"{attn}.attn.o.bias"))
+        self.ln1 = (put(take(w, f"{attn}.LayerNorm.weight")),
+                    put(take(w, f"{attn}.LayerNorm.bias")))  # fmt: skip
+        self.ffn_in_w = put(take(w, f"{p}.intermediate.dense.weight"))
+        self.ffn_in_b = put(take(w, f"{p}.intermediate.dense.bias"))
+        self.ffn_out_w = put(take(w, f"{p}.output.dense.weight"))
+        self.ffn_out_b = put(take(w, f"{p}.output.dense.bias"))
+        self.ln2 = (put(take(w, f"{p}.output.LayerNorm.weight")),
+                    put(take(w, f"{p}.output.LayerNorm.bias")))  # fmt: skip
+
+
+class MPNetEncoder(PackedEncoder):
+    """Hidden states of packed rows, plus the sequence-classification head if any."""
+
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+        if config.get("hidden_act", "gelu") != "gelu":
+            raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
+        buckets = int(config.get("relative_attention_num_buckets", NUM_BUCKETS))
+        if buckets != NUM_BUCKETS:
+            # transformers would still bucket into 32 and ignore the rest of the table,
+            # unlike the original MPNet: no answer to trust.
+            raise UnsupportedModel(
+                f"relative_attention_num_buckets {buckets} is not supported (only 32)"
+            )
+        weights = strip_prefix(weights, "mpnet.")
+        self.hidden_size = int(config["hidden_size"])
+        self.num_heads = int(config["num_attention_heads"])
+        if self.hidden_size % self.num_heads:
+            raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
+        self.head_dim = self.hidden_size // self.num_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        self.device = device
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=torch.float32).contiguous()
+
+        self.word = put(take(weights, "embeddings.word_embeddings.weight"))
+        self.vocab_size = self.word.shape[0]
+        table = take(weights, "embeddings.position_embeddings.weight")
+        self.max_positions = table.shape[0] - POSITION_OFFSET
+        self.position = put(table[POSITION_OFFSET:])
+        self.emb_ln = (put(take(weights, "embeddings.LayerNorm.weight")),
+                       put(take(weights, "embeddings.LayerNorm.bias")))  # fmt: skip
+        bias = take(weights, "encoder.relative_attention_bias.weight")  # [buckets, heads]
+        if tuple(bias.shape) != (NUM_BUCKETS, self.num_heads):
+            raise UnsupportedModel(
+                f"encoder.relative_attention_bias has shape {tuple(bias.shape)}, "
+                f"expected ({NUM_BUCKETS}, {self.num_heads})"
+            )
+        # Each head's bias for every offset, [heads, 2P - 1]: a row length's mask is then a
+        # gather, with no bucket arithmetic in the forward.
+        self.offset_bias = put(bias[relative_buckets(self.max_positions)].T)
+        count = int(config["num_hidden_layers"])
+        self.layers = [_Layer(weights, f"encoder.layer.{i}", put) for i in range(count)]
+        self.positions = torch.arange(self.max_positions, device=device)
+        self.has_head = "classifier.out_proj.weight" in weights
+        if self.has_head:
+            self.head_dense = (put(take(weights, "classifier.dense.weight")),
+                               put(take(weights, "classifier.dense.bias")))  # fmt: skip
+            self.head_out = (put(take(weights, "classifier.out_proj.weight")),
+                             put(take(weights, "classifier.out_proj.bias")))  # fmt: skip
+            self.num_labels = self.head_out[0].shape[0]
+
+    def position_bias(self, length: int) -> torch.Tensor:
+        """Additive attention mask [heads, L, L] of a row of `length` tokens."""
+        index = self.positions[:length]
+        offsets = index[:, None] - index[None, :] + (self.max_positions - 1)
+        return self.offset_bias[:, offsets]
+
+    def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Last hidden states [T, H] of packed token ids [T]."""
+        positions = self.position[packed.positions(self.positions)]
+        hidden_size, eps = self.hidden_size, self.eps
+        x = F.layer_norm(self.word[ids] + positions, (hidden_size,), *self.emb_ln, eps)
+        # Every layer adds the same bias: one mask per row length for this forward, not
+        # kept across forwards (at 512 tokens and 12 heads one is 12 MiB).
+        masks: dict[int, torch.Tensor] = {}
+
+        def mask_for(length: int) -> torch.Tensor:
+            mask = masks.get(length)
+            if mask is None:
+                mask = masks[length] = self.position_bias(length)
+            return mask
+
+        tokens = x.shape[0]
+        pad = self.padded_rows(tokens)
+        if pad:
+            # Padding rows only ever meet per-row operations; attention never sees them.
+            x = F.pad(x, (0, 0, 0, pad))
+        heads, dim = self.num_heads, self.head_dim
+        for layer in self.layers:
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
+            ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
+            if pad:
+                ctx = F.pad(ctx, (0, 0, 0, pad))
+            x = F.layer_norm(
+                F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
+            )
+            inner = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
+            x = F.layer_norm(
+                F.linear(inner, layer.ffn_out_w, layer.ffn_out_b) + x,
+                (hidden_size,),
+                *layer.ln2,
+                eps,
+            )
+        return x[:tokens] if pad else x
+
+    def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, labels] from each row's first-token (<s>) hidden state."""
+        states = hidden[packed.first_tokens()]
+        rows = states.shape[0]
+        pad = self.padded_rows(rows)
+        if pad:
+            states = F.pad(states, (0, 0, 0, pad))
+        pooled = torch.tanh(F.linear(states, *self.head_dense))
+        return F.linear(pooled, *self.head_out)[:rows]

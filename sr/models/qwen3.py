@@ -1,0 +1,171 @@
+"""The Qwen3 family in plain torch over packed rows (sr.models.blocks): transformers'
+`Qwen3Model`, which Qwen3-Embedding checkpoints are (served with last-token pooling), and
+`Qwen3ForSequenceClassification`, whose backbone tensors sit under `model.`.
+
+What differs from BERT: a decoder. Attention is causal; blocks are pre-norm with RMSNorm
+and a final `norm`; queries and keys get a per-head RMSNorm (`q_norm`, `k_norm`) and then
+rotary positions (restarting at 0 in each row); keys and values may have fewer heads than
+queries (grouped-query attention); `head_dim` is its own setting, not hidden / heads; the
+MLP is SwiGLU (`down(silu(gate(x)) * up(x))`). There are no position or token-type tables.
+The classifier (`score`, no bias) reads the last non-pad token of a row, not the first.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sr.errors import UnsupportedModel
+from sr.models.blocks import Packed, PackedEncoder, Rotary, attention, rms_norm, strip_prefix, take
+
+
+def _check_config(config: dict) -> float:
+    """Refuse what this module does not compute; return the rotary base (`rope_theta`)."""
+    act = config.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):  # transformers maps both names to SiLU
+        raise UnsupportedModel(f"hidden_act {act!r} is not supported (only silu)")
+    # transformers 5 writes `rope_parameters`; older config.json files `rope_theta` beside
+    # `rope_scaling` (null unless the context was stretched: yarn, dynamic, ...).
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if any(isinstance(v, dict) for v in rope.values()):
+        raise UnsupportedModel("per-layer-type rope_parameters are not supported")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise UnsupportedModel(f"rope scaling {rope_type!r} is not supported (only default)")
+    # Layers slide when listed so, or (no list) from max_window_layers on when
+    # use_sliding_window is set: how transformers' Qwen3Config derives layer_types.
+    count = int(config["num_hidden_layers"])
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        first = int(config.get("max_window_layers", 28))
+        slides = config.get("use_sliding_window") and config.get("sliding_window") is not None
+        layer_types = ["sliding_attention" if slides and i >= first else "full_attention"
+                       for i in range(count)]  # fmt: skip
+    if any(t != "full_attention" for t in layer_types):
+        raise UnsupportedModel(
+            "sliding-window attention layers (use_sliding_window, layer_types) are not supported"
+        )
+    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+class _Layer:
+    """One decoder block's weights; q/k/v fused into one projection, gate/up into another."""
+
+    __slots__ = (
+        "down_w",
+        "gate_up_w",
+        "k_norm",
+        "ln1",
+        "ln2",
+        "o_b",
+        "o_w",
+        "q_norm",
+        "qkv_b",
+        "qkv_w",
+    )
+
+    def __init__(self, w: dict[str, torch.Tensor], p: str, bias: bool, put):
+        attn = f"{p}.self_attn"
+        names = ("q_proj", "k_proj", "v_proj")
+        self.qkv_w = put(torch.cat([take(w, f"{attn}.{n}.weight") for n in names]))
+        self.qkv_b = put(torch.cat([take(w, f"{attn}.{n}.bias") for n in names])) if bias else None
+        self.o_w = put(take(w, f"{attn}.o_proj.weight"))
+        self.o_b = put(take(w, f"{attn}.o_proj.bias")) if bias else None
+        self.q_norm = put(take(w, f"{attn}.q_norm.weight"))
+        self.k_norm = put(take(w, f"{attn}.k_norm.weight"))
+        self.ln1 = put(take(w, f"{p}.input_layernorm.weight"))
+        self.ln2 = put(take(w, f"{p}.post_attention_layernorm.weight"))
+        mlp = f"{p}.mlp"
+        self.gate_up_w = put(
+            torch.cat([take(w, f"{mlp}.gate_proj.weight"), take(w, f"{mlp}.up_proj.weight")])
+        )
+        self.down_w = put(take(w, f"{mlp}.down_proj.weight"))
+
+
+class Qwen3Encoder(PackedEncoder):
+    """Hidden states of packed rows, plus the sequence-classification head if any."""
+
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+        theta = _check_config(config)
+        weights = strip_prefix(weights, "model.")
+        self.device = device
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=torch.float32).contiguous()
+
+        self.hidden_size = int(config["hidden_size"])
+        self.num_heads = int(config["num_attention_heads"])
+        # Read from the tensors: a config.json without head_dim / num_key_value_heads means
+        # transformers' defaults (128 / 32), not hidden / heads.
+        self.head_dim = take(weights, "layers.0.self_attn.q_norm.weight").shape[0]
+        kv_rows = take(weights, "layers.0.self_attn.k_proj.weight").shape[0]
+        self.num_kv_heads = kv_rows // self.head_dim
+        if self.num_kv_heads == 0 or self.num_heads % self.num_kv_heads:
+            raise UnsupportedModel("num_attention_heads is not a multiple of num_key_value_heads")
+        self.scale = self.head_dim**-0.5  # as transformers writes it, to the last bit
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.embed = put(take(weights, "embed_tokens.weight"))
+        self.vocab_size = self.embed.shape[0]
+        bias = bool(config.get("attention_bias", False))
+        count = int(config["num_hidden_layers"])
+        self.layers = [_Layer(weights, f"layers.{i}", bias, put) for i in range(count)]
+        self.norm = put(take(weights, "norm.weight"))
+        self.max_positions = int(config["max_position_embeddings"])
+        self.rotary = Rotary(self.head_dim, theta, self.max_positions, device)
+        self.positions = torch.arange(self.max_positions, device=device)
+        pad_id = config.get("pad_token_id")
+        self.pad_token_id = None if pad_id is None else int(pad_id)
+        self.has_head = "score.weight" in weights
+        if self.has_head:
+            self.score = put(weights["score.weight"])
+            self.num_labels = self.score.shape[0]
+
+    def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Last hidden states [T, H] of packed token ids [T] (after the final norm)."""
+        positions = packed.positions(self.positions)
+        x = self.embed[ids]
+        tokens = x.shape[0]
+        pad = self.padded_rows(tokens)
+        if pad:
+            # Padding rows only ever meet per-row operations; attention never sees them.
+            x = F.pad(x, (0, 0, 0, pad))
+        eps, dim = self.eps, self.head_dim
+        q_size, kv_size = self.num_heads * dim, self.num_kv_heads * dim
+        for layer in self.layers:
+            qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.qkv_w, layer.qkv_b)
+            if pad:
+                qkv = qkv[:tokens]
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=1)
+            q = rms_norm(q.reshape(tokens, -1, dim), layer.q_norm, eps)
+            k = rms_norm(k.reshape(tokens, -1, dim), layer.k_norm, eps)
+            q = self.rotary.apply(q, positions)
+            k = self.rotary.apply(k, positions)
+            ctx = attention(q, k, v.reshape(tokens, -1, dim), packed, scale=self.scale, causal=True)
+            if pad:
+                ctx = F.pad(ctx, (0, 0, 0, pad))
+            x = x + F.linear(ctx, layer.o_w, layer.o_b)
+            gate, up = F.linear(rms_norm(x, layer.ln2, eps), layer.gate_up_w).chunk(2, dim=1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+        x = rms_norm(x, self.norm, eps)
+        return x[:tokens] if pad else x
+
+    def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, labels] from each row's last token that is not `pad_token_id`, as
+        transformers reads a row (a row that ends in that id, e.g. an appended
+        <|endoftext|>, is read one token earlier)."""
+        states = hidden[self._read_tokens(packed, ids)]
+        rows = states.shape[0]
+        pad = self.padded_rows(rows)
+        if pad:
+            states = F.pad(states, (0, 0, 0, pad))
+        return F.linear(states, self.score)[:rows]
+
+    def _read_tokens(self, packed: Packed, ids: torch.Tensor) -> list[int]:
+        if self.pad_token_id is None:
+            return packed.last_tokens()
+        read = []
+        for start, end in zip(packed.starts, packed.starts[1:], strict=False):
+            real = (ids[start:end] != self.pad_token_id).nonzero()
+            # transformers' argmax over (index * not-pad) gives index 0 for an all-pad row.
+            read.append(start + (int(real[-1]) if len(real) else 0))
+        return read
