@@ -81,6 +81,7 @@ _LINGER_S = 1.0
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _DEFAULT_LIMITS = HttpLimits()
+_ANSWERED_AT_ONCE = frozenset({"GET", "HEAD"})
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
 # Descriptors kept out of the connection budget: worker sockets, pipes, logs, listeners.
 _RESERVED_FDS = 64
@@ -356,7 +357,10 @@ class Connection:
         """The handler's answer. If the caller hangs up (or half-closes) first, the
         server's poller cancels the connection's scope: the handler is cancelled and the
         connection ends without an answer, as the router's front end cancels a dispatch."""
-        if type(self.stream) is not trio.SocketStream:
+        if type(self.stream) is not trio.SocketStream or method in _ANSWERED_AT_ONCE:
+            # The worker's GET routes (health, card, metrics) answer without waiting, so
+            # there is nothing a hang-up could cancel; not watching them saves /health,
+            # the pool's most frequent request, about 10 us (bench/narrative.md).
             return await self.server.handler(method, path, body)
         hang_ups = self.server.hang_ups
         hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
