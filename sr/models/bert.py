@@ -117,41 +117,51 @@ class BertEncoder(PackedEncoder):
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T]."""
         positions = self.position_type[packed.positions(self.positions)]
-        hidden_size, eps = self.hidden_size, self.eps
-        x = F.layer_norm(self.word[ids] + positions, (hidden_size,), *self.emb_ln, eps)
-        tokens = x.shape[0]
-        pad = self.padded_rows(tokens)
-        if pad:
-            # Padding rows only ever meet per-row operations; attention never sees them.
-            x = F.pad(x, (0, 0, 0, pad))
-        heads, dim = self.num_heads, self.head_dim
-        for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
-            q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
-            ctx = attention(q, k, v, packed, scale=self.scale)
-            if pad:
-                ctx = F.pad(ctx, (0, 0, 0, pad))
-            x = F.layer_norm(
-                F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
-            )
-            inner = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
-            x = F.layer_norm(
-                F.linear(inner, layer.ffn_out_w, layer.ffn_out_b) + x,
-                (hidden_size,),
-                *layer.ln2,
-                eps,
-            )
-        return x[:tokens] if pad else x
+        x = F.layer_norm(self.word[ids] + positions, (self.hidden_size,), *self.emb_ln, self.eps)
+        return post_norm_layers(self, x, packed)
 
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token ([CLS], <s>) hidden state."""
-        states = hidden[packed.first_tokens()]
-        rows = states.shape[0]
-        pad = self.padded_rows(rows)
+        return first_token_tanh_head(self, hidden, packed)
+
+
+def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) -> torch.Tensor:
+    """BERT's block stack (attention, add & LayerNorm, GELU feed-forward, add & LayerNorm)
+    over embedded packed rows x [T, H]; MPNet runs the same stack with its position bias
+    as `mask_for`. `encoder` has `layers` (of `_Layer` slots), heads, scale and eps."""
+    hidden_size, eps = encoder.hidden_size, encoder.eps
+    tokens = x.shape[0]
+    pad = encoder.padded_rows(tokens)
+    if pad:
+        # Padding rows only ever meet per-row operations; attention never sees them.
+        x = F.pad(x, (0, 0, 0, pad))
+    heads, dim = encoder.num_heads, encoder.head_dim
+    for layer in encoder.layers:
+        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+        q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
+        ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
         if pad:
-            states = F.pad(states, (0, 0, 0, pad))
-        pooled = torch.tanh(F.linear(states, *self.head_dense))
-        return F.linear(pooled, *self.head_out)[:rows]
+            ctx = F.pad(ctx, (0, 0, 0, pad))
+        x = F.layer_norm(
+            F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
+        )
+        inner = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
+        x = F.layer_norm(
+            F.linear(inner, layer.ffn_out_w, layer.ffn_out_b) + x, (hidden_size,), *layer.ln2, eps
+        )
+    return x[:tokens] if pad else x
+
+
+def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """BERT/RoBERTa/MPNet classifier: dense + tanh on each row's first token, then the
+    output projection (`encoder.head_dense`, `encoder.head_out`)."""
+    states = hidden[packed.first_tokens()]
+    rows = states.shape[0]
+    pad = encoder.padded_rows(rows)
+    if pad:
+        states = F.pad(states, (0, 0, 0, pad))
+    pooled = torch.tanh(F.linear(states, *encoder.head_dense))
+    return F.linear(pooled, *encoder.head_out)[:rows]
 
 
 class RobertaEncoder(BertEncoder):

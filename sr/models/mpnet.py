@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.blocks import Packed, PackedEncoder, attention, strip_prefix, take
+from sr.models.bert import first_token_tanh_head, post_norm_layers
+from sr.models.blocks import Packed, PackedEncoder, strip_prefix, take
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
 # argument, not config.relative_attention_num_buckets) with a reach of 128 tokens.
@@ -153,36 +154,8 @@ class MPNetEncoder(PackedEncoder):
                 mask = masks[length] = self.position_bias(length)
             return mask
 
-        tokens = x.shape[0]
-        pad = self.padded_rows(tokens)
-        if pad:
-            # Padding rows only ever meet per-row operations; attention never sees them.
-            x = F.pad(x, (0, 0, 0, pad))
-        heads, dim = self.num_heads, self.head_dim
-        for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
-            q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
-            ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
-            if pad:
-                ctx = F.pad(ctx, (0, 0, 0, pad))
-            x = F.layer_norm(
-                F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
-            )
-            inner = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
-            x = F.layer_norm(
-                F.linear(inner, layer.ffn_out_w, layer.ffn_out_b) + x,
-                (hidden_size,),
-                *layer.ln2,
-                eps,
-            )
-        return x[:tokens] if pad else x
+        return post_norm_layers(self, x, packed, mask_for)
 
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token (<s>) hidden state."""
-        states = hidden[packed.first_tokens()]
-        rows = states.shape[0]
-        pad = self.padded_rows(rows)
-        if pad:
-            states = F.pad(states, (0, 0, 0, pad))
-        pooled = torch.tanh(F.linear(states, *self.head_dense))
-        return F.linear(pooled, *self.head_out)[:rows]
+        return first_token_tanh_head(self, hidden, packed)

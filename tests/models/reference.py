@@ -10,6 +10,7 @@ transformers, without padding, so no mask convention enters the comparison.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -73,3 +74,23 @@ def random_rows(lengths: list[int], *, low: int = 1000, high: int = 20000, seed:
     """Token ids for rows of the given lengths (ids away from the special tokens)."""
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(low, high, (n,), generator=generator).tolist() for n in lengths]
+
+
+def sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    """sr's last hidden states of `rows`, packed into one forward, split back per row."""
+    from sr.models.blocks import Packed
+
+    ids = torch.tensor([t for row in rows for t in row])
+    packed = Packed([len(row) for row in rows])
+    with torch.inference_mode():
+        hidden = model.backbone.hidden_states(ids, packed)
+    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
+
+
+def assert_close_and_packing_invariant(model, rows, expected, tolerance: float = 1e-5) -> None:
+    """Each row within `tolerance` of transformers' `expected`, and bit-identical alone and
+    packed with the other rows."""
+    for row, want, got in zip(rows, expected, sr_hidden(model, rows), strict=True):
+        assert (got - want).abs().max().item() <= tolerance, f"row of {len(row)} tokens"
+        (alone,) = sr_hidden(model, [row])
+        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"

@@ -4,15 +4,12 @@ alone and packed with rows of other lengths."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
-import torch
 
 from sr.models import load_model
-from sr.models.blocks import Packed
 from tests.models.reference import (
     VOCAB,
+    assert_close_and_packing_invariant,
     random_rows,
     reference_hidden,
     reference_logits,
@@ -56,24 +53,12 @@ def family(request, tmp_path_factory):
     return request.param, folder
 
 
-def _sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
-    ids = torch.tensor([t for row in rows for t in row])
-    packed = Packed([len(row) for row in rows])
-    with torch.inference_mode():
-        hidden = model.backbone.hidden_states(ids, packed)
-    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
-
-
 def test_hidden_states_match_transformers_and_rows_are_the_same_alone_and_packed(family):
     _, folder = family
     model = load_model(folder)
     rows = random_rows(LENGTHS)
     expected = reference_hidden(folder, rows)
-    packed = _sr_hidden(model, rows)
-    for row, want, got in zip(rows, expected, packed, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE
-        (alone,) = _sr_hidden(model, [row])
-        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"
+    assert_close_and_packing_invariant(model, rows, expected, TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

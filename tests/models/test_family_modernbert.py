@@ -6,7 +6,6 @@ the configs written before `layer_types` / `rope_parameters` existed."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 from pathlib import Path
@@ -16,12 +15,13 @@ import torch
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
-from sr.models.blocks import Packed
 from tests.models.reference import (
     VOCAB,
+    assert_close_and_packing_invariant,
     random_rows,
     reference_hidden,
     reference_logits,
+    sr_hidden,
     write_reference,
 )
 
@@ -69,14 +69,6 @@ def reference(request, tmp_path_factory):
     return folder, rows, reference_hidden(folder, rows)
 
 
-def _sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
-    ids = torch.tensor([t for row in rows for t in row])
-    packed = Packed([len(row) for row in rows])
-    with torch.inference_mode():
-        hidden = model.backbone.hidden_states(ids, packed)
-    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
-
-
 def _max_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return max((g - w).abs().max().item() for g, w in zip(got, want, strict=True))
 
@@ -84,11 +76,7 @@ def _max_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 def test_hidden_states_match_transformers_and_rows_are_the_same_alone_and_packed(reference):
     folder, rows, expected = reference
     model = load_model(folder)
-    packed = _sr_hidden(model, rows)
-    assert _max_diff(packed, expected) <= TOLERANCE
-    for row, got in zip(rows, packed, strict=True):
-        (alone,) = _sr_hidden(model, [row])
-        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"
+    assert_close_and_packing_invariant(model, rows, expected, TOLERANCE)
 
 
 def test_window_and_layer_kinds_are_reached(reference):
@@ -100,7 +88,7 @@ def test_window_and_layer_kinds_are_reached(reference):
     # Widen the window past every row: only the rows longer than it change, so the mask
     # is what the reference agreement above rests on.
     backbone.window = 1000
-    unwindowed = _sr_hidden(model, rows)
+    unwindowed = sr_hidden(model, rows)
     for row, got, want in zip(rows, unwindowed, expected, strict=True):
         diff = (got - want).abs().max().item()
         if len(row) - 1 > WINDOW // 2:
@@ -112,7 +100,7 @@ def test_window_and_layer_kinds_are_reached(reference):
     global_rotary, local_rotary = backbone.layers[0].rotary, backbone.layers[1].rotary
     for layer in backbone.layers:
         layer.rotary = local_rotary if layer.rotary is global_rotary else global_rotary
-    swapped = _sr_hidden(model, rows)
+    swapped = sr_hidden(model, rows)
     assert all(
         (g - w).abs().max().item() > 1e-3 for g, w in zip(swapped[1:], expected[1:], strict=True)
     )
@@ -138,7 +126,7 @@ def test_config_without_layer_types_or_rope_parameters(reference, tmp_path):
         folder, tmp_path / "legacy", layer_types=None, rope_parameters=None,
         global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=50.0,
     )  # fmt: skip
-    assert _max_diff(_sr_hidden(load_model(legacy), rows), expected) <= TOLERANCE
+    assert _max_diff(sr_hidden(load_model(legacy), rows), expected) <= TOLERANCE
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -5,7 +5,6 @@ refused at load."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 
@@ -14,10 +13,10 @@ import torch
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
-from sr.models.blocks import Packed
 from sr.models.mpnet import NUM_BUCKETS, relative_buckets
 from tests.models.reference import (
     VOCAB,
+    assert_close_and_packing_invariant,
     random_rows,
     reference_hidden,
     reference_logits,
@@ -45,24 +44,12 @@ def base(tmp_path_factory):
     return write_reference(tmp_path_factory.mktemp("mpnet"), _mpnet())
 
 
-def _sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
-    ids = torch.tensor([t for row in rows for t in row])
-    packed = Packed([len(row) for row in rows])
-    with torch.inference_mode():
-        hidden = model.backbone.hidden_states(ids, packed)
-    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
-
-
 def test_hidden_states_match_transformers_and_rows_are_the_same_alone_and_packed(base):
     model = load_model(base)
     assert model.max_position_embeddings == 158  # 160 less the two ids below the first
     rows = random_rows(LENGTHS)
     expected = reference_hidden(base, rows)
-    packed = _sr_hidden(model, rows)
-    for row, want, got in zip(rows, expected, packed, strict=True):
-        assert (got - want).abs().max().item() <= TOLERANCE, f"row of {len(row)} tokens"
-        (alone,) = _sr_hidden(model, [row])
-        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"
+    assert_close_and_packing_invariant(model, rows, expected, TOLERANCE)
 
 
 @pytest.mark.parametrize("labels", [3, 1])

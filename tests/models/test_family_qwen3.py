@@ -4,7 +4,6 @@ within 1e-5 at float32, each row bit-identical alone and packed, refused options
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 
@@ -16,9 +15,11 @@ from sr.models import load_model
 from sr.models.blocks import Packed
 from tests.models.reference import (
     VOCAB,
+    assert_close_and_packing_invariant,
     random_rows,
     reference_hidden,
     reference_logits,
+    sr_hidden,
     write_reference,
 )
 
@@ -56,14 +57,6 @@ def checkpoint(request, tmp_path_factory):
     return write_reference(tmp_path_factory.mktemp(request.param), CONFIGS[request.param]())
 
 
-def _sr_hidden(model, rows: list[list[int]]) -> list[torch.Tensor]:
-    ids = torch.tensor([t for row in rows for t in row])
-    packed = Packed([len(row) for row in rows])
-    with torch.inference_mode():
-        hidden = model.backbone.hidden_states(ids, packed)
-    return [hidden[a:b] for a, b in itertools.pairwise(packed.starts)]
-
-
 def _max_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).abs().max().item()
 
@@ -77,11 +70,7 @@ def test_hidden_states_match_transformers_and_rows_are_the_same_alone_and_packed
     assert backbone.head_dim * backbone.num_heads != config["hidden_size"]
     rows = random_rows(LENGTHS)
     expected = reference_hidden(checkpoint, rows)
-    packed = _sr_hidden(model, rows)
-    for row, want, got in zip(rows, expected, packed, strict=True):
-        assert _max_diff(got, want) <= TOLERANCE
-        (alone,) = _sr_hidden(model, [row])
-        assert torch.equal(alone, got), f"row of {len(row)} tokens differs alone and packed"
+    assert_close_and_packing_invariant(model, rows, expected, TOLERANCE)
 
 
 def test_last_token_embedding_is_transformers_last_state(checkpoint, tmp_path):
@@ -118,7 +107,7 @@ def test_legacy_config_with_rope_theta_and_null_rope_scaling(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     model = load_model(folder)
     rows = random_rows([7, 30], seed=2)
-    for got, want in zip(_sr_hidden(model, rows), reference_hidden(folder, rows), strict=True):
+    for got, want in zip(sr_hidden(model, rows), reference_hidden(folder, rows), strict=True):
         assert _max_diff(got, want) <= TOLERANCE
 
 
@@ -160,7 +149,7 @@ def test_pooling_reads_the_last_token_and_first_token_reads_differ(tmp_path):
     model = load_model(folder)
     (a,) = random_rows([12], seed=4)
     b = a[:1] + [t + 1 for t in a[1:]]
-    states_a, states_b = _sr_hidden(model, [a, b])
+    states_a, states_b = sr_hidden(model, [a, b])
     assert torch.equal(states_a[0], states_b[0])
     assert not torch.equal(states_a[-1], states_b[-1])
 
