@@ -1,6 +1,6 @@
 """The router's own run folder (worker sockets): claimed with a lock, swept once dead.
 
-A router that sr starts makes `sr-XXXX` in the temp directory and holds `router.lock` in
+A router that sr starts makes `sr-<random>` in the temp directory and holds `router.lock` in
 it with `flock` for as long as it runs. The kernel drops a flock when its holder dies,
 SIGKILL included, so "the lock can be taken" means "its router is dead" with no pid to be
 reused. The next router removes such folders before it makes its own; it never touches a
@@ -27,7 +27,7 @@ _log = logging.getLogger("sr.pool")
 
 
 def claim_run_dir(parent: Path | None = None) -> tuple[Path, int]:
-    """A new private `sr-XXXX` folder under `parent` (the temp directory) and the fd that
+    """A new private `sr-<random>` folder under `parent` (the temp directory) and the fd that
     holds its lock; close the fd only after removing the folder."""
     path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
     ensure_private_folder(path, label="run_dir: the worker socket folder")
