@@ -10,13 +10,19 @@ checkpoint with its head:
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.blocks import Packed, PackedEncoder, attention, strip_prefix, take
+from sr.models.blocks import (
+    Packed,
+    PackedEncoder,
+    attention,
+    float32_on,
+    head_geometry,
+    strip_prefix,
+    take,
+)
 
 
 class _Layer:
@@ -36,8 +42,7 @@ class _Layer:
     )
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, device: torch.device):
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=torch.float32).contiguous()
+        put = float32_on(device)
 
         attn = f"{p}.attention"
         self.qkv_w = put(
@@ -75,17 +80,11 @@ class BertEncoder(PackedEncoder):
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise UnsupportedModel("only absolute position embeddings are supported")
         weights = strip_prefix(weights, self.prefix)
-        self.hidden_size = int(config["hidden_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        if self.hidden_size % self.num_heads:
-            raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
-        self.head_dim = self.hidden_size // self.num_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = device
 
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=torch.float32).contiguous()
+        put = float32_on(device)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]
@@ -157,10 +156,7 @@ def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torc
     output projection (`encoder.head_dense`, `encoder.head_out`)."""
     states = hidden[packed.first_tokens()]
     rows = states.shape[0]
-    pad = encoder.padded_rows(rows)
-    if pad:
-        states = F.pad(states, (0, 0, 0, pad))
-    pooled = torch.tanh(F.linear(states, *encoder.head_dense))
+    pooled = torch.tanh(F.linear(encoder.pad_to_cutoff(states), *encoder.head_dense))
     return F.linear(pooled, *encoder.head_out)[:rows]
 
 

@@ -17,6 +17,7 @@ files the families are checked against (tests/models).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -43,6 +44,25 @@ def strip_prefix(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, tor
     if not any(k.startswith(prefix) for k in weights):
         return weights
     return {k.removeprefix(prefix): v for k, v in weights.items()}
+
+
+def float32_on(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How every family stores a weight: float32, contiguous, on the serving device."""
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=torch.float32).contiguous()
+
+    return put
+
+
+def head_geometry(config: dict) -> tuple[int, int, int, float]:
+    """(hidden_size, heads, head_dim, scale) of an encoder whose heads split the hidden
+    size evenly (BERT, MPNet, ModernBERT; Qwen3 sets head_dim itself)."""
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    if hidden % heads:
+        raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
+    head_dim = hidden // heads
+    return hidden, heads, head_dim, 1.0 / math.sqrt(head_dim)
 
 
 class Packed:
@@ -182,3 +202,8 @@ class PackedEncoder:
     def padded_rows(self, rows: int) -> int:
         """Zero rows to append so every product is past the BLAS short-matrix cut-off."""
         return max(0, self.calibrate() - rows)
+
+    def pad_to_cutoff(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, H] with zero rows appended up to the cut-off (slice `[:rows]` after)."""
+        pad = self.padded_rows(x.shape[0])
+        return F.pad(x, (0, 0, 0, pad)) if pad else x

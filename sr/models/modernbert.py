@@ -20,7 +20,6 @@ its tokens), then `head.dense` + activation + `head.norm`, then `classifier`.
 from __future__ import annotations
 
 import itertools
-import math
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,8 @@ from sr.models.blocks import (
     PackedEncoder,
     Rotary,
     attention,
+    float32_on,
+    head_geometry,
     sliding_window_mask,
     strip_prefix,
     take,
@@ -112,19 +113,13 @@ class ModernBertEncoder(PackedEncoder):
     def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
         self.act = _activation(config, "hidden_activation")
         weights = strip_prefix(weights, "model.")
-        self.hidden_size = int(config["hidden_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        if self.hidden_size % self.num_heads:
-            raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
-        self.head_dim = self.hidden_size // self.num_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("norm_eps", 1e-5))
         self.window = int(config.get("local_attention", 128))
         self.max_positions = int(config.get("max_position_embeddings", 8192))
         self.device = device
 
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=torch.float32).contiguous()
+        put = float32_on(device)
 
         norm_bias = bool(config.get("norm_bias", False))
         self.word = put(take(weights, "embeddings.tok_embeddings.weight"))
@@ -220,9 +215,7 @@ class ModernBertEncoder(PackedEncoder):
                 [hidden[a:b].sum(0) / (b - a) for a, b in itertools.pairwise(packed.starts)]
             )
         rows = states.shape[0]
-        pad = self.padded_rows(rows)
-        if pad:
-            states = F.pad(states, (0, 0, 0, pad))
+        states = self.pad_to_cutoff(states)
         pooled = F.layer_norm(
             self.head_act(F.linear(states, *self.head_dense)), (self.hidden_size,),
             *self.head_norm, self.eps,

@@ -22,7 +22,14 @@ import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
 from sr.models.bert import first_token_tanh_head, post_norm_layers
-from sr.models.blocks import Packed, PackedEncoder, strip_prefix, take
+from sr.models.blocks import (
+    Packed,
+    PackedEncoder,
+    float32_on,
+    head_geometry,
+    strip_prefix,
+    take,
+)
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
 # argument, not config.relative_attention_num_buckets) with a reach of 128 tokens.
@@ -94,17 +101,11 @@ class MPNetEncoder(PackedEncoder):
                 f"relative_attention_num_buckets {buckets} is not supported (only 32)"
             )
         weights = strip_prefix(weights, "mpnet.")
-        self.hidden_size = int(config["hidden_size"])
-        self.num_heads = int(config["num_attention_heads"])
-        if self.hidden_size % self.num_heads:
-            raise UnsupportedModel("hidden_size is not a multiple of num_attention_heads")
-        self.head_dim = self.hidden_size // self.num_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = device
 
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=torch.float32).contiguous()
+        put = float32_on(device)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]

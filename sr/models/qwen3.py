@@ -16,7 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.blocks import Packed, PackedEncoder, Rotary, attention, rms_norm, strip_prefix, take
+from sr.models.blocks import (
+    Packed,
+    PackedEncoder,
+    Rotary,
+    attention,
+    float32_on,
+    rms_norm,
+    strip_prefix,
+    take,
+)
 
 
 def _check_config(config: dict) -> float:
@@ -90,8 +99,7 @@ class Qwen3Encoder(PackedEncoder):
         weights = strip_prefix(weights, "model.")
         self.device = device
 
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=torch.float32).contiguous()
+        put = float32_on(device)
 
         self.hidden_size = int(config["hidden_size"])
         self.num_heads = int(config["num_attention_heads"])
@@ -155,9 +163,7 @@ class Qwen3Encoder(PackedEncoder):
         <|endoftext|>, is read one token earlier)."""
         states = hidden[self._read_tokens(packed, ids)]
         rows = states.shape[0]
-        pad = self.padded_rows(rows)
-        if pad:
-            states = F.pad(states, (0, 0, 0, pad))
+        states = self.pad_to_cutoff(states)
         return F.linear(states, self.score)[:rows]
 
     def _read_tokens(self, packed: Packed, ids: torch.Tensor) -> list[int]:
