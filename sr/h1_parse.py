@@ -76,6 +76,10 @@ NEED_DATA: Final = _Marker("NEED_DATA")  # nothing parsed is waiting; read more
 CLOSED: Final = _Marker("CLOSED")  # the caller closed (or no further request can follow)
 # Headers sr reads as a single value: a repeat is refused rather than one copy picked.
 _SINGLE_VALUED = frozenset({b"host", b"authorization", b"x-request-timeout-ms"})
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # read by sr.h1_framing
+_CHECKED = _SINGLE_VALUED | _FRAMING | {b"connection", b"expect"}
+_HTTP_1_1: Final = b"1.1"
+_HTTP_1_0: Final = b"1.0"
 
 
 class RequestParser:
@@ -177,33 +181,39 @@ class RequestParser:
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._section_bytes = 0  # a trailer section is capped on its own
-        version = self._parser.get_http_version().encode("ascii")
-        if version not in (b"1.1", b"1.0"):
-            raise VersionNotSupported(
-                f"HTTP/{version.decode('ascii')} is not supported; use HTTP/1.1 or HTTP/1.0"
-            )
+        version = self._parser.get_http_version()
+        if version == "1.1":
+            http_version, keep_alive = _HTTP_1_1, True
+        elif version == "1.0":
+            http_version, keep_alive = _HTTP_1_0, False
+        else:
+            raise VersionNotSupported(f"HTTP/{version} is not supported; use HTTP/1.1 or HTTP/1.0")
         headers = self._headers
-        keep_alive = version == b"1.1"
-        expects_continue = False
-        seen: dict[bytes, int] = {}
+        expects_continue = framed = False
+        single_valued: list[bytes] = []
+        # One pass; a header none of the checks reads costs one set lookup (this runs
+        # for every request: docs/benchmarks.md, "instructions per request").
         for name, value in headers:
+            if name not in _CHECKED:
+                continue
             if name in _SINGLE_VALUED:
-                seen[name] = seen.get(name, 0) + 1
-            elif name == b"connection" and b"close" in _tokens(value):
-                keep_alive = False
-            elif name == b"expect" and value.lower() == b"100-continue":
-                expects_continue = version == b"1.1"
-        if version == b"1.1" and b"host" not in seen:
+                if name in single_valued:
+                    raise _malformed(f"more than one {name.decode('ascii').title()} header")
+                single_valued.append(name)
+            elif name in _FRAMING:
+                framed = True
+            elif name == b"connection":
+                if b"close" in _tokens(value):
+                    keep_alive = False
+            elif value.lower() == b"100-continue":  # Expect
+                expects_continue = http_version is _HTTP_1_1
+        if http_version is _HTTP_1_1 and b"host" not in single_valued:
             raise _malformed("HTTP/1.1 needs exactly one Host header")
-        for name, count in seen.items():
-            if count > 1:
-                raise _malformed(f"more than one {name.decode('ascii').title()} header")
-        body_length = request_body_length(version, headers)
+        body_length = request_body_length(http_version, headers) if framed else 0
         raw_path, query = split_target(self._target)
-        method = self._parser.get_method()
         head = RequestHead(
-            method, self._target, version, headers, keep_alive, expects_continue,
-            raw_path, query, body_length,
+            self._parser.get_method(), self._target, http_version, headers, keep_alive,
+            expects_continue, raw_path, query, body_length,
         )  # fmt: skip
         self._last_head = head
         self._events.append(head)
@@ -224,7 +234,7 @@ class RequestParser:
 def split_target(target: bytes) -> tuple[bytes, bytes]:
     """(path, query) of an origin-form (`/p?q`) or absolute-form (`http://h/p?q`) target;
     InvalidRequest for any other form (`*`, an authority alone)."""
-    if not target.startswith(b"/"):
+    if target[:1] != b"/":
         scheme, sep, rest = target.partition(b"://")
         if not (sep and scheme.lower() in (b"http", b"https")):
             raise _malformed("the request target must be a path (or an absolute http URL)")

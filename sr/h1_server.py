@@ -294,9 +294,10 @@ class Connection:
         """The next request head; None when the connection should just close (caller gone,
         idle too long, shutting down). Malformed, oversized and too slow heads are answered
         here (400/505, 431, 408)."""
-        waiting = trio.CancelScope(deadline=trio.current_time() + self.limits.keep_alive_timeout_s)
+        now = trio.current_time()
+        waiting = trio.CancelScope(deadline=now + self.limits.keep_alive_timeout_s)
         self._idle_scope = waiting
-        self.idle_since = trio.current_time()
+        self.idle_since = now
         event = None
         try:
             with waiting:
@@ -338,12 +339,29 @@ class Connection:
         except RequestError as error:  # malformed, too large, too slow
             await self.refuse(error)
             return False
+        # The caller may hang up (or half-close) while the handler runs: the server's
+        # poller then cancels the connection's scope, the handler is cancelled, and the
+        # connection ends without an answer, as the router's front end cancels a dispatch.
+        # The worker's GET routes (health, card, metrics) answer without waiting, so there
+        # is nothing to cancel: not watching them saves /health, the pool's most frequent
+        # request, about 10 us (bench/narrative.md).
+        watched = type(self.stream) is trio.SocketStream and method not in _ANSWERED_AT_ONCE
+        if watched:
+            hang_ups = self.server.hang_ups
+            hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
         try:
-            status, headers, payload = await self._call_handler(method, path, body)
+            status, headers, payload = await self.server.handler(method, path, body)
         except Exception:
             _log.exception("handler failed on %s %s", method, path)
             error = RequestError("the worker failed to answer")
             status, headers, payload = error.status, [_JSON], error.body()
+        finally:
+            if watched:
+                hang_ups.unwatch(self)
+        if watched and self._hang_up_scope.cancel_called:
+            # A handler that returned before it noticed is not answered either: sr.sockio's
+            # writes are no cancel points.
+            raise PeerGone()
         close = self.server.stopping or not request.keep_alive
         try:
             await self.send(status, headers, payload, close=close, method=request.method)
@@ -352,22 +370,6 @@ class Connection:
             error = RequestError("the worker failed to answer")
             await self.send(error.status, [_JSON], error.body(), close=close)
         return not close
-
-    async def _call_handler(self, method: str, path: str, body: bytes) -> Response:
-        """The handler's answer. If the caller hangs up (or half-closes) first, the
-        server's poller cancels the connection's scope: the handler is cancelled and the
-        connection ends without an answer, as the router's front end cancels a dispatch."""
-        if type(self.stream) is not trio.SocketStream or method in _ANSWERED_AT_ONCE:
-            # The worker's GET routes (health, card, metrics) answer without waiting, so
-            # there is nothing a hang-up could cancel; not watching them saves /health,
-            # the pool's most frequent request, about 10 us (bench/narrative.md).
-            return await self.server.handler(method, path, body)
-        hang_ups = self.server.hang_ups
-        hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
-        try:
-            return await self.server.handler(method, path, body)
-        finally:
-            hang_ups.unwatch(self)
 
     async def _read_body(self, request: RequestHead) -> bytes:
         limit = self.limits.max_body_bytes
@@ -458,7 +460,7 @@ class Connection:
         dropped) for a caller that does not read."""
         timeout = self.limits.write_timeout_s
         try:
-            await sockio.send_all(self.stream, data, trio.current_time() + timeout)
+            await sockio.send_all(self.stream, data, timeout)
         except sockio.SendTimeout:
             if isinstance(self.stream, trio.SocketStream):
                 # Close with a reset: a plain close would leave the unsent answer in the

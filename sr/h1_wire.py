@@ -21,6 +21,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in REASONS.items()}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NOT_IN_VALUE = re.compile(rb"[\r\n\0]")
@@ -28,17 +29,17 @@ _NOT_IN_VALUE = re.compile(rb"[\r\n\0]")
 # whether the connection stays open, and dates it. An app's own copies are dropped.
 _SERVER_OWNED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"date"})
 _date_second = -1
-_date_value = b""
+_date_line = b""
 
 
-def http_date() -> bytes:
-    """The current time as an HTTP date (IMF-fixdate), recomputed at most once a second."""
-    global _date_second, _date_value
+def _current_date_line() -> bytes:
+    """`date: <now>\r\n`, formatted at most once a second."""
+    global _date_second, _date_line
     now = int(time.time())
     if now != _date_second:
-        _date_value = formatdate(now, usegmt=True).encode("ascii")
+        _date_line = b"date: %s\r\n" % formatdate(now, usegmt=True).encode("ascii")
         _date_second = now
-    return _date_value
+    return _date_line
 
 
 class InvalidAnswer(Exception):
@@ -54,7 +55,7 @@ def answer_head(
     or a value with CR, LF or NUL."""
     if not (isinstance(status, int) and 100 <= status <= 999):
         raise InvalidAnswer(f"status {status!r} is not a three-digit code")
-    parts = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b""))]
+    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
     try:
         for name, value in headers:
             if name.lower() in _SERVER_OWNED:
@@ -64,7 +65,7 @@ def answer_head(
             parts += (name, b": ", value, b"\r\n")
     except (TypeError, ValueError) as error:  # not (bytes, bytes) pairs
         raise InvalidAnswer(f"headers must be (bytes, bytes) pairs: {error}") from None
-    parts += (b"date: ", http_date(), b"\r\n")
+    parts.append(_current_date_line())
     if length is not None:
         parts.append(b"content-length: %d\r\n" % length)
     if close:

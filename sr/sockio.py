@@ -9,13 +9,17 @@ wait for readiness, a cancellable checkpoint, only when it would block; trio's p
 `wait_readable` / `wait_writable` on the socket's descriptor do the waiting.
 
 What trio's streams gave that is kept: errors become `trio.BrokenResourceError` (reset,
-broken pipe) or `trio.ClosedResourceError` (the socket was closed here), and a call in an
-already-cancelled scope raises `trio.Cancelled` before touching the socket (a cancel
-point, without the yield). What is not: a read or write that need not wait is no
-scheduling point, so a loop built only of such calls never lets other tasks run.
-sr.h1_server adds a checkpoint to any request cycle that never waited (a pipelining
-caller cannot starve other connections); the hop client always waits for its worker's
-answer. Streams that are not sockets fall back to their own methods.
+broken pipe) or `trio.ClosedResourceError` (the socket was closed here). What is not: a
+read or write that need not wait is neither a scheduling point nor a cancel point, so a
+loop built only of such calls never lets other tasks run, and a call in a cancelled scope
+goes ahead when the socket is ready. Callers decide where that matters: sr.h1_server adds
+a checkpoint to any request cycle that never waited (a pipelining caller cannot starve
+other connections) and writes no answer once the caller hung up; the hop client checks
+for cancellation before it sends a request, and always waits for its worker's answer.
+(A cancel point on every call, trio's `checkpoint_if_cancelled`, cost about 3,000
+instructions each: 1.2 % of the worker's whole `/health` cycle per call, measured with
+callgrind; docs/benchmarks.md.) Streams that are not sockets fall back to their own
+methods.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ async def receive_some_noting_wait(stream: trio.abc.Stream, max_bytes: int) -> t
     """Up to `max_bytes` bytes (b"" at end of stream), and whether the read had to wait."""
     if type(stream) is not trio.SocketStream:
         return await stream.receive_some(max_bytes), True
-    await trio.lowlevel.checkpoint_if_cancelled()
     sock = stream.socket
     waited = False
     while True:
@@ -57,21 +60,22 @@ class SendTimeout(trio.BrokenResourceError):
     """The peer did not take the data before the deadline (it does not read)."""
 
 
-async def send_all(stream: trio.abc.Stream, data: bytes, deadline: float = math.inf) -> None:
+async def send_all(stream: trio.abc.Stream, data: bytes, timeout_s: float = math.inf) -> None:
     """All of `data`, waiting only while the socket's send buffer is full, and then only
-    until `deadline` (trio time): SendTimeout after it. The deadline costs a cancel scope
-    only when the write has to wait, which an answer to a caller that reads seldom does."""
+    for `timeout_s` from the first wait in all: SendTimeout after it. The timeout costs a
+    clock read and a cancel scope only when the write has to wait, which an answer to a
+    caller that reads seldom does."""
     if type(stream) is not trio.SocketStream:
-        with trio.move_on_at(deadline):
+        with trio.move_on_after(timeout_s):
             await stream.send_all(data)
             return
         raise SendTimeout("the peer did not read in time")
-    await trio.lowlevel.checkpoint_if_cancelled()
     sock = stream.socket
     if sock.did_shutdown_SHUT_WR:
         raise trio.ClosedResourceError("cannot send after sending EOF")
     view = memoryview(data)
     sent = 0
+    deadline = None
     while sent < len(view):
         fd = sock.fileno()
         if fd < 0:
@@ -83,6 +87,8 @@ async def send_all(stream: trio.abc.Stream, data: bytes, deadline: float = math.
             pass
         except OSError as error:
             raise trio.BrokenResourceError(f"write failed: {error!r}") from error
+        if deadline is None:
+            deadline = trio.current_time() + timeout_s
         with trio.move_on_at(deadline) as waiting:
             await trio.lowlevel.wait_writable(sock)
         if waiting.cancelled_caught:

@@ -225,6 +225,26 @@ async def test_client_gone_mid_body_costs_nothing_but_its_connection(serve):
     assert status == 200
 
 
+async def test_a_handler_that_finishes_after_its_caller_hung_up_is_not_answered(serve):
+    # The hang-up poller cancels the connection's scope, but this handler shields itself
+    # and returns normally: its answer must still not be written (sr.sockio's writes are
+    # no cancel points, so the server checks).
+    finished = trio.Event()
+
+    async def shielded(method, path, body):
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.3)
+        finished.set()
+        return 200, JSON, b"{}"
+
+    running = await serve(shielded)
+    stream = await running.connect()
+    await stream.send_all(request("/x"))
+    await stream.send_eof()  # a half-close: the caller is gone
+    assert await closed_by_server(stream)
+    assert finished.is_set()
+
+
 async def test_idle_connection_is_closed_after_keep_alive_timeout(serve):
     running = await serve(keep_alive_timeout_s=0.2)
     stream = await running.connect()

@@ -92,6 +92,9 @@ class Http1Pool:
         wire = self._request_bytes(method, path, body)
         conn, reused = await self._checkout()
         try:
+            # sockio's calls are no cancel points: a dispatch cancelled by now (its caller
+            # hung up) must not reach a worker.
+            await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 await sockio.send_all(conn.stream, wire)
             except (trio.BrokenResourceError, OSError) as error:

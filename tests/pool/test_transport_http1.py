@@ -253,6 +253,22 @@ async def test_cancel_mid_answer_closes_the_connection_instead_of_pooling_it(ser
     await pool.aclose()
 
 
+async def test_a_request_cancelled_before_it_is_sent_never_reaches_the_worker(serve):
+    # sr.sockio's writes are no cancel points; the pool checks before sending, so a
+    # dispatch whose caller already hung up costs the worker nothing, even on a kept
+    # connection whose socket is ready to write.
+    server, path = await serve(keep_alive_ok)
+    pool = Http1Pool(uds=path)
+    assert (await pool.request("GET", "/health"))[0] == 200
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await pool.request("POST", "/v1/embeddings", b'{"input":"x"}')
+    assert scope.cancelled_caught
+    assert (await pool.request("GET", "/health"))[0] == 200
+    assert [r.split(b" ", 2)[:2] for r in server.requests] == [[b"GET", b"/health"]] * 2
+    await pool.aclose()
+
+
 async def test_connection_close_answer_is_not_kept(serve):
     async def close_header(stream, server):
         await server.read_request(stream)
