@@ -18,11 +18,12 @@ from sr.models.blocks import (
     Packed,
     PackedEncoder,
     attention,
-    float32_on,
     head_geometry,
     strip_prefix,
     take,
+    weights_on,
 )
+from sr.models.gemm_rows import consistent_linear
 
 
 class _Layer:
@@ -41,8 +42,10 @@ class _Layer:
         "qkv_w",
     )
 
-    def __init__(self, w: dict[str, torch.Tensor], p: str, device: torch.device):
-        put = float32_on(device)
+    def __init__(
+        self, w: dict[str, torch.Tensor], p: str, device: torch.device, dtype: torch.dtype
+    ):
+        put = weights_on(device, dtype)
 
         attn = f"{p}.attention"
         self.qkv_w = put(
@@ -73,8 +76,17 @@ class BertEncoder(PackedEncoder):
     prefix = "bert."
     # Position ids of a row start here: 0 for BERT; padding_idx + 1 for RoBERTa.
     position_offset_from_padding = False
+    # A pair's second text at token type 1: BERT's tokenizers give it, RoBERTa's give no
+    # token types at all (transformers then feeds type 0 everywhere).
+    second_text_type = True
 
-    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ):
         if config.get("hidden_act", "gelu") != "gelu":
             raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
         if config.get("position_embedding_type", "absolute") != "absolute":
@@ -84,22 +96,27 @@ class BertEncoder(PackedEncoder):
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = device
 
-        put = float32_on(device)
+        put = weights_on(device, dtype)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]
         offset = int(config.get("pad_token_id", 1)) + 1 if self.position_offset_from_padding else 0
         table = take(weights, "embeddings.position_embeddings.weight")
         self.max_positions = table.shape[0] - offset
-        # Single-segment inputs: token type 0 everywhere, folded into the position table once.
-        token_type0 = take(weights, "embeddings.token_type_embeddings.weight")[0]
-        self.position_type = put(table[offset:] + token_type0)
+        # Token types folded into the position table once: rows [0, P) hold the positions
+        # with type 0 (every single-text row, a pair's first text), rows [P, 2P) with type 1
+        # (a pair's second text, for checkpoints that have two types: BERT cross-encoders).
+        types = take(weights, "embeddings.token_type_embeddings.weight")
+        self.token_types = min(2, types.shape[0]) if self.second_text_type else 1
+        self.position_type = put(
+            torch.cat([table[offset:] + types[t] for t in range(self.token_types)])
+        )
         self.emb_ln = (
             put(take(weights, "embeddings.LayerNorm.weight")),
             put(take(weights, "embeddings.LayerNorm.bias")),
         )
         count = int(config["num_hidden_layers"])
-        self.layers = [_Layer(weights, f"encoder.layer.{i}", device) for i in range(count)]
+        self.layers = [_Layer(weights, f"encoder.layer.{i}", device, dtype) for i in range(count)]
         self.positions = torch.arange(self.max_positions, device=device)
         self.has_head = self._load_head(weights, put)
 
@@ -115,7 +132,10 @@ class BertEncoder(PackedEncoder):
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T]."""
-        positions = self.position_type[packed.positions(self.positions)]
+        index = packed.positions(self.positions)
+        if packed.second_starts is not None and self.token_types == 2:
+            index = index + packed.second_text_tokens(self.device) * self.max_positions
+        positions = self.position_type[index]
         x = F.layer_norm(self.word[ids] + positions, (self.hidden_size,), *self.emb_ln, self.eps)
         return post_norm_layers(self, x, packed)
 
@@ -157,7 +177,7 @@ def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torc
     states = hidden[packed.first_tokens()]
     rows = states.shape[0]
     pooled = torch.tanh(F.linear(encoder.pad_to_cutoff(states), *encoder.head_dense))
-    return F.linear(pooled, *encoder.head_out)[:rows]
+    return consistent_linear(pooled, *encoder.head_out)[:rows]
 
 
 class RobertaEncoder(BertEncoder):
@@ -167,6 +187,7 @@ class RobertaEncoder(BertEncoder):
 
     prefix = "roberta."
     position_offset_from_padding = True
+    second_text_type = False
 
     def _load_head(self, weights, put) -> bool:
         if "classifier.out_proj.weight" not in weights:

@@ -46,13 +46,40 @@ def strip_prefix(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, tor
     return {k.removeprefix(prefix): v for k, v in weights.items()}
 
 
-def float32_on(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How every family stores a weight: float32, contiguous, on the serving device."""
+# The precisions a deployment may serve (config `dtype`, `sr worker --dtype`).
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A served precision by name (`float32`, `bfloat16`, `float16`) or as a torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype {dtype!r} is not supported (one of {', '.join(DTYPES)})")
+
+
+def weights_on(
+    device: torch.device, dtype: str | torch.dtype = torch.float32
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How every family stores a weight: in the served dtype (float32 unless asked),
+    contiguous, on the serving device. Checkpoints stored in another precision are cast
+    once here, as transformers casts them at load."""
+    target = torch_dtype(dtype)
 
     def put(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device=device, dtype=torch.float32).contiguous()
+        return t.to(device=device, dtype=target).contiguous()
 
     return put
+
+
+def float32_on(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`weights_on(device)`: float32 weights (kept for callers written before `dtype`)."""
+    return weights_on(device, torch.float32)
 
 
 def head_geometry(config: dict) -> tuple[int, int, int, float]:
@@ -68,10 +95,18 @@ def head_geometry(config: dict) -> tuple[int, int, int, float]:
 class Packed:
     """Where each row lies in a packed forward; computed once, used by every layer."""
 
-    __slots__ = ("_positions", "groups", "lengths", "starts", "tokens")
+    __slots__ = ("_positions", "groups", "lengths", "second_starts", "starts", "tokens")
 
-    def __init__(self, lengths: list[int]) -> None:
+    def __init__(self, lengths: list[int], second_starts: list[int] | None = None) -> None:
         self.lengths = lengths
+        # Pairs (reranking): where each row's second text begins (its length when it has
+        # none); None when no row has a second text. Families with token types (BERT) give
+        # those tokens type 1 (`second_text_tokens`).
+        if second_starts is not None and all(
+            s >= n for s, n in zip(second_starts, lengths, strict=True)
+        ):
+            second_starts = None
+        self.second_starts = second_starts
         starts = [0]
         for length in lengths:
             starts.append(starts[-1] + length)
@@ -97,6 +132,15 @@ class Packed:
             else:
                 self._positions = torch.cat([table[:n] for n in self.lengths])
         return self._positions
+
+    def second_text_tokens(self, device: torch.device) -> torch.Tensor | None:
+        """[T] long, 1 on each token of a row's second text and 0 elsewhere; None when no
+        row is a pair."""
+        if self.second_starts is None:
+            return None
+        rows = zip(self.second_starts, self.lengths, strict=True)
+        flags = [i >= start for start, n in rows for i in range(n)]
+        return torch.tensor(flags, dtype=torch.long, device=device)
 
     def first_tokens(self) -> list[int]:
         return self.starts[:-1]
@@ -164,14 +208,23 @@ class Rotary:
     """Rotary position embeddings (the `rotate_half` convention of transformers' Llama,
     Qwen and ModernBERT files): cos/sin tables built once up to `max_positions`."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device):
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ):
         inv_freq = 1.0 / (
             theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         )
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
-        self.cos = angles.cos().to(device)
-        self.sin = angles.sin().to(device)
+        # Computed in float32, then kept in the served dtype: transformers' rotary modules
+        # return `cos.to(dtype=x.dtype)`, `sin.to(dtype=x.dtype)`.
+        self.cos = angles.cos().to(device=device, dtype=dtype)
+        self.sin = angles.sin().to(device=device, dtype=dtype)
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D] rotated by each token's position [T]."""

@@ -1,8 +1,11 @@
 """What a checkpoint folder says about itself: config.json and the sentence-transformers
-module files (modules.json, <pooling>/config.json, Normalize, sentence_bert_config.json).
+module files (modules.json, <pooling>/config.json, <dense>/config.json, Normalize,
+sentence_bert_config.json).
 
-Only the module chain Transformer -> Pooling -> [Normalize] is served; a checkpoint with
-other modules (Dense, ...) is refused rather than served with a different answer.
+Only the module chain Transformer -> Pooling -> Dense* -> [Normalize] is served, in
+sentence-transformers' order; a checkpoint with other modules (CNN, LSTM, LayerNorm, ...) or
+these in another order is refused rather than served with a different answer. Dense weights
+are only located here (sr.models.dense loads them once the pooled size is known).
 """
 
 from __future__ import annotations
@@ -25,6 +28,35 @@ _POOLING_KEYS = {
     "lasttoken": "pooling_mode_lasttoken",
 }
 _ST = "sentence_transformers.models."
+_SENTENCE_EMBEDDING = "sentence_embedding"
+
+# Dense activation_function values (what sentence-transformers writes: the class's full
+# name) -> the activation's name in sr.models.dense. Only these plain torch.nn modules are
+# served; any other name is refused at load.
+DENSE_ACTIVATIONS = {
+    f"{module}.{name}": name
+    for name, modules in {
+        "Identity": ("torch.nn", "torch.nn.modules.linear"),
+        "Tanh": ("torch.nn", "torch.nn.modules.activation"),
+        "ReLU": ("torch.nn", "torch.nn.modules.activation"),
+        "GELU": ("torch.nn", "torch.nn.modules.activation"),
+        "Sigmoid": ("torch.nn", "torch.nn.modules.activation"),
+        "SiLU": ("torch.nn", "torch.nn.modules.activation"),
+    }.items()
+    for module in modules
+}
+
+
+@attrs.frozen
+class DenseSpec:
+    """One sentence_transformers.models.Dense module: activation(x @ W.T + b) [+ x]."""
+
+    path: str  # its folder, relative to the checkpoint; weights in <path>/model.safetensors
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # a DENSE_ACTIVATIONS value
+    residual: bool  # use_residual: x (or x @ residual.weight.T) added after the activation
 
 
 @attrs.frozen
@@ -35,6 +67,7 @@ class CheckpointLayout:
     normalize: bool
     max_seq_length: int | None  # sentence_bert_config.json's own limit, if any
     head_labels: tuple[str, ...] | None
+    dense: tuple[DenseSpec, ...] = ()  # applied in this order after pooling, before Normalize
 
 
 def _read_json(path: Path) -> object:
@@ -51,36 +84,122 @@ def _pooling_modes(folder: Path, pooling_path: str) -> tuple[str, ...]:
     modes = tuple(m for m in POOLING_MODES if config.get(_POOLING_KEYS[m]))
     if not modes:
         raise UnsupportedModel(f"{folder / pooling_path}: no supported pooling mode is on")
-    if config.get("include_prompt") is False:
-        raise UnsupportedModel(f"{folder / pooling_path}: include_prompt=false is not supported")
+    # include_prompt=false is served as is: in sentence-transformers it only drops the first
+    # `prompt_length` tokens from pooling, and Pooling.forward receives a prompt_length only
+    # when encode() prepends a prompt (prompt=, prompt_name=, or the checkpoint's
+    # default_prompt_name). sr embeds each text exactly as sent, with no prompt, which is
+    # sentence-transformers' encode(texts) without one: every token is pooled either way.
     return modes
 
 
-def _module_chain(folder: Path) -> tuple[tuple[str, ...], bool]:
-    """(pooling modes, normalize) from modules.json; mean pooling when there is none."""
+def _dense(folder: Path, path: str) -> DenseSpec:
+    if not path:
+        raise UnsupportedModel(f"{folder / 'modules.json'}: a Dense module has no path")
+    config_file = folder / path / "config.json"
+    config = _read_json(config_file)
+    if not isinstance(config, dict):
+        raise UnsupportedModel(f"{config_file}: not an object")
+
+    def features(key: str) -> int:
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UnsupportedModel(
+                f"{config_file}: {key} must be a positive integer, got {value!r}"
+            )
+        return value
+
+    def flag(key: str, default: bool) -> bool:
+        value = config.get(key, default)
+        if not isinstance(value, bool):
+            raise UnsupportedModel(f"{config_file}: {key} must be true or false, got {value!r}")
+        return value
+
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key) not in (None, _SENTENCE_EMBEDDING):
+            raise UnsupportedModel(
+                f"{config_file}: {key}={config[key]!r} is not supported (sr applies Dense "
+                f"to the pooled {_SENTENCE_EMBEDDING!r} only)"
+            )
+    # sentence-transformers' default when the key is absent is Tanh.
+    name = config.get("activation_function", "torch.nn.modules.activation.Tanh")
+    activation = DENSE_ACTIVATIONS.get(name) if isinstance(name, str) else None
+    if activation is None:
+        supported = ", ".join(sorted(set(DENSE_ACTIVATIONS.values())))
+        raise UnsupportedModel(
+            f"{config_file}: activation_function {name!r} is not supported "
+            f"(supported: torch.nn {supported})"
+        )
+    weights = folder / path / "model.safetensors"
+    if not weights.is_file():
+        if (folder / path / "pytorch_model.bin").is_file():
+            raise UnsupportedModel(
+                f"{folder / path / 'pytorch_model.bin'}: sr loads only safetensors weights; "
+                f"convert the Dense weights to {weights.name}"
+            )
+        raise UnsupportedModel(f"{folder / path}: the Dense module has no {weights.name}")
+    return DenseSpec(
+        path=path,
+        in_features=features("in_features"),
+        out_features=features("out_features"),
+        bias=flag("bias", True),
+        activation=activation,
+        residual=flag("use_residual", False),
+    )
+
+
+def _check_normalize(folder: Path, path: str) -> None:
+    """A Normalize that L2-normalises the sentence embedding (its config, if any, says so)."""
+    config_file = folder / path / "config.json"
+    if not path or not config_file.is_file():
+        return
+    config = _read_json(config_file)
+    if not isinstance(config, dict):
+        raise UnsupportedModel(f"{config_file}: not an object")
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key) not in (None, _SENTENCE_EMBEDDING):
+            raise UnsupportedModel(
+                f"{config_file}: {key}={config[key]!r} is not supported (sr normalises the "
+                f"{_SENTENCE_EMBEDDING!r} only)"
+            )
+
+
+def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...], bool]:
+    """(pooling modes, Dense modules, normalize) from modules.json; mean pooling when there
+    is none."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         # What sentence-transformers itself builds around a plain encoder checkpoint.
-        return ("mean",), False
+        return ("mean",), (), False
     modules = _read_json(modules_file)
-    if not isinstance(modules, list):
-        raise UnsupportedModel(f"{modules_file}: not a list")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise UnsupportedModel(f"{modules_file}: not a list of objects")
     modes: tuple[str, ...] | None = None
+    dense: list[DenseSpec] = []
     normalize = False
     for module in sorted(modules, key=lambda m: m.get("idx", 0)):
         kind = str(module.get("type", "")).removeprefix(_ST)
+        path = str(module.get("path", ""))
         if kind == "Transformer" and modes is None:
             continue
         if kind == "Pooling" and modes is None:
-            modes = _pooling_modes(folder, module.get("path", ""))
+            modes = _pooling_modes(folder, path)
+        elif kind == "Dense" and modes is not None and not normalize:
+            spec = _dense(folder, path)
+            if dense and spec.in_features != dense[-1].out_features:
+                raise UnsupportedModel(
+                    f"{folder / path / 'config.json'}: in_features {spec.in_features} does not "
+                    f"match the previous Dense's out_features {dense[-1].out_features}"
+                )
+            dense.append(spec)
         elif kind == "Normalize" and modes is not None and not normalize:
+            _check_normalize(folder, path)
             normalize = True
         else:
             raise UnsupportedModel(
                 f"{modules_file}: module {module.get('type')!r} at position {module.get('idx')} "
-                "is not supported (sr serves Transformer -> Pooling -> [Normalize])"
+                "is not supported (sr serves Transformer -> Pooling -> Dense* -> [Normalize])"
             )
-    return modes or ("mean",), normalize
+    return modes or ("mean",), tuple(dense), normalize
 
 
 def _head_labels(config: dict) -> tuple[str, ...] | None:
@@ -102,7 +221,7 @@ def read_layout(folder: Path) -> CheckpointLayout:
     if not isinstance(config, dict):
         raise UnsupportedModel(f"{folder / 'config.json'}: not an object")
     model_type = str(config.get("model_type", ""))
-    modes, normalize = _module_chain(folder)
+    modes, dense, normalize = _module_chain(folder)
     max_seq_length = None
     sbert_file = folder / "sentence_bert_config.json"
     if sbert_file.is_file():
@@ -116,4 +235,5 @@ def read_layout(folder: Path) -> CheckpointLayout:
         normalize=normalize,
         max_seq_length=max_seq_length,
         head_labels=_head_labels(config),
+        dense=dense,
     )

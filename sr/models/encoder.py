@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from sr.errors import UnsupportedModel
-from sr.models.blocks import Packed
+from sr.models.blocks import Packed, torch_dtype
 from sr.models.checkpoint import CheckpointLayout, read_layout
+from sr.models.dense import DenseStack
 from sr.models.families import family_for
 from sr.models.pooling import pool
 
@@ -46,7 +47,12 @@ class EncoderModel:
         self.tokenizer = tokenizer
         self.max_position_embeddings: int = backbone.max_positions
         self.max_seq_length: int | None = layout.max_seq_length
-        self.embedding_dim: int = backbone.hidden_size * len(layout.pooling_modes)
+        # The checkpoint's Dense modules after pooling (float32); the last one's out_features
+        # is the embedding size.
+        self.dense = DenseStack(
+            artifact_dir, layout.dense, backbone.hidden_size * len(layout.pooling_modes), device
+        )
+        self.embedding_dim: int = self.dense.out_features
         self.pooling_modes = layout.pooling_modes
         self.normalize = layout.normalize
         self.head_labels: list[str] | None = None
@@ -63,6 +69,7 @@ class EncoderModel:
             head_activation(layout.config, len(self.head_labels)) if self.head_labels else None
         )
         # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
+        self._pair_tokenizers: dict[int, Tokenizer] = {}  # truncating copies, per limit
         empty = tokenizer.encode("").ids
         self._suffix = empty[1:] if empty else []
         self._min_tokens = len(empty)
@@ -103,7 +110,9 @@ class EncoderModel:
         keep = max_tokens - len(self._suffix)
         return ids[:keep] + self._suffix
 
-    def _pack(self, batch: list[list[int]]) -> tuple[torch.Tensor, Packed]:
+    def _pack(
+        self, batch: list[list[int]], second_starts: list[int] | None = None
+    ) -> tuple[torch.Tensor, Packed]:
         if not batch:
             raise ValueError("empty batch")
         lengths = [len(row) for row in batch]
@@ -118,11 +127,13 @@ class EncoderModel:
         # Checked on the Python list: cheaper than two tensor reductions for short rows.
         if min(flat) < 0 or max(flat) >= self.backbone.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.backbone.vocab_size})")
-        return torch.tensor(flat, dtype=torch.long, device=self.device), Packed(lengths)
+        packed = Packed(lengths, second_starts)
+        return torch.tensor(flat, dtype=torch.long, device=self.device), packed
 
     def calibrate_threads(self) -> int:
         """Measure the BLAS short-matrix cut-off at the thread count now in force (a few ms,
         once per count), so no timed forward pays for it; returns the cut-off in rows."""
+        self.dense.calibrate()  # the Dense modules' shapes have cut-offs of their own
         return self.backbone.calibrate()
 
     def embed(self, batch: list[list[int]]) -> torch.Tensor:
@@ -130,7 +141,11 @@ class EncoderModel:
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
-            return pool(hidden, packed.lengths, self.pooling_modes, self.normalize).cpu()
+            # Pooled and normalised in float32 whatever dtype the backbone computes in.
+            hidden = hidden.float()
+            return pool(
+                hidden, packed.lengths, self.pooling_modes, self.normalize, self.dense or None
+            ).cpu()
 
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
@@ -139,7 +154,63 @@ class EncoderModel:
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
-            return self.backbone.classify(hidden, packed, ids).cpu()
+            return self.backbone.classify(hidden, packed, ids).float().cpu()
+
+    def encode_pairs(
+        self, query: str, documents: list[str], truncate_to: int | None = None
+    ) -> list[tuple[list[int], int]]:
+        """(token ids, start of the second text) of each (query, document) pair, through
+        the tokenizer's pair template (BERT: [CLS] q [SEP] d [SEP]; the second text starts
+        at the first token of type 1, and is given that type in the forward where the
+        family has token types). With `truncate_to`, pairs longer than that are cut the
+        way sentence-transformers' CrossEncoder cuts them (longest text first).
+
+        Raises ValueError naming the document index for a string that is not valid text."""
+        tokenizer = self.tokenizer if truncate_to is None else self._truncating(truncate_to)
+        try:
+            encodings = tokenizer.encode_batch([(query, doc) for doc in documents])
+        except TypeError:
+            for index, doc in enumerate([query, *documents]):
+                try:
+                    doc.encode("utf-8")
+                except UnicodeEncodeError:
+                    where = "query" if index == 0 else f"document {index - 1}"
+                    raise ValueError(f"{where} is not valid Unicode text") from None
+            raise
+        pairs = []
+        for encoding in encodings:
+            ids, types = encoding.ids, encoding.type_ids
+            second = types.index(1) if 1 in types else _second_sequence_start(encoding)
+            pairs.append((ids, second))
+        return pairs
+
+    def _truncating(self, max_tokens: int) -> Tokenizer:
+        """A copy of the tokenizer that cuts pairs to `max_tokens` ids, longest text first."""
+        cached = self._pair_tokenizers.get(max_tokens)
+        if cached is None:
+            cached = Tokenizer.from_str(self.tokenizer.to_str())
+            cached.no_padding()
+            cached.enable_truncation(max_tokens, strategy="longest_first")
+            self._pair_tokenizers[max_tokens] = cached
+        return cached
+
+    def rerank_logits(self, batch: list[list[int]], second_starts: list[int]) -> torch.Tensor:
+        """float32 [n, len(head_labels)] of (query, document) pairs from the checkpoint's
+        own head (a cross-encoder's relevance logit)."""
+        if self.head_labels is None:
+            raise ValueError(f"{self.artifact_dir} has no classification head")
+        ids, packed = self._pack(batch, second_starts)
+        with torch.inference_mode():
+            hidden = self.backbone.hidden_states(ids, packed)
+            return self.backbone.classify(hidden, packed, ids).float().cpu()
+
+
+def _second_sequence_start(encoding) -> int:
+    """Where the second text of a pair begins when the template gives both texts type 0
+    (RoBERTa: <s> q </s></s> d </s>): the first token whose sequence id is 1. The family
+    then has no token types, so this only keeps rows comparable in the engine's cache."""
+    sequence_ids = encoding.sequence_ids
+    return sequence_ids.index(1) if 1 in sequence_ids else len(encoding.ids)
 
 
 def head_activation(config: dict, labels: int) -> str:
@@ -160,12 +231,18 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     return tokenizer
 
 
-def load_model(path: Path, device: str = "cpu") -> EncoderModel:
-    """Load a resolved model folder (see `resolve_artifact`) onto `device`."""
+def load_model(
+    path: Path, device: str = "cpu", dtype: str | torch.dtype = "float32"
+) -> EncoderModel:
+    """Load a resolved model folder (see `resolve_artifact`) onto `device`, its weights
+    computed in `dtype` (float32, bfloat16 or float16; answers come back float32)."""
     folder = Path(path)
     layout = read_layout(folder)
     family = family_for(layout.model_type)
     target = torch_device(device)
+    precision = torch_dtype(dtype)
     weights = load_file(str(folder / "model.safetensors"), device="cpu")
-    backbone = family(layout.config, weights, target)
-    return EncoderModel(folder, layout, backbone, load_tokenizer(folder), target)
+    backbone = family(layout.config, weights, target, precision)
+    model = EncoderModel(folder, layout, backbone, load_tokenizer(folder), target)
+    model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
+    return model

@@ -30,12 +30,13 @@ from sr.models.blocks import (
     PackedEncoder,
     Rotary,
     attention,
-    float32_on,
     head_geometry,
     sliding_window_mask,
     strip_prefix,
     take,
+    weights_on,
 )
+from sr.models.gemm_rows import consistent_linear
 
 # transformers' ACT2FN names whose modules call exactly these torch functions.
 _ACTIVATIONS = {
@@ -87,6 +88,13 @@ def _affine(w, name: str, bias: bool, put) -> tuple[torch.Tensor, torch.Tensor |
     return put(take(w, f"{name}.weight")), put(take(w, f"{name}.bias")) if bias else None
 
 
+def _rotate(rotary: Rotary, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary positions as transformers' ModernBERT applies them: in float32 (x upcast, the
+    cos/sin tables already rounded to the served dtype), the result cast back. A no-op cast
+    at float32."""
+    return rotary.apply(x.float(), positions).to(x.dtype)
+
+
 class _Layer:
     """One pre-norm block's weights and its kind (rotary table, windowed or not)."""
 
@@ -110,7 +118,13 @@ class _Layer:
 class ModernBertEncoder(PackedEncoder):
     """Hidden states of packed rows, plus the sequence-classification head if any."""
 
-    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ):
         self.act = _activation(config, "hidden_activation")
         weights = strip_prefix(weights, "model.")
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
@@ -119,7 +133,7 @@ class ModernBertEncoder(PackedEncoder):
         self.max_positions = int(config.get("max_position_embeddings", 8192))
         self.device = device
 
-        put = float32_on(device)
+        put = weights_on(device, dtype)
 
         norm_bias = bool(config.get("norm_bias", False))
         self.word = put(take(weights, "embeddings.tok_embeddings.weight"))
@@ -129,7 +143,9 @@ class ModernBertEncoder(PackedEncoder):
         count = int(config["num_hidden_layers"])
         kinds = _layer_kinds(config, count)
         rotary = {
-            kind: Rotary(self.head_dim, _rope_theta(config, kind), self.max_positions, device)
+            kind: Rotary(
+                self.head_dim, _rope_theta(config, kind), self.max_positions, device, dtype
+            )
             for kind in set(kinds)
         }
         biases = (
@@ -193,7 +209,7 @@ class ModernBertEncoder(PackedEncoder):
             )
             qkv = F.linear(h, *layer.qkv)
             q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
-            q, k = layer.rotary.apply(q, positions), layer.rotary.apply(k, positions)
+            q, k = _rotate(layer.rotary, q, positions), _rotate(layer.rotary, k, positions)
             mask_for = window_masks if layer.window else None
             ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
             if pad:
@@ -220,4 +236,4 @@ class ModernBertEncoder(PackedEncoder):
             self.head_act(F.linear(states, *self.head_dense)), (self.hidden_size,),
             *self.head_norm, self.eps,
         )  # fmt: skip
-        return F.linear(pooled, *self.head_out)[:rows]
+        return consistent_linear(pooled, *self.head_out)[:rows]

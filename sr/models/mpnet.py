@@ -25,10 +25,10 @@ from sr.models.bert import first_token_tanh_head, post_norm_layers
 from sr.models.blocks import (
     Packed,
     PackedEncoder,
-    float32_on,
     head_geometry,
     strip_prefix,
     take,
+    weights_on,
 )
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
@@ -90,7 +90,13 @@ class _Layer:
 class MPNetEncoder(PackedEncoder):
     """Hidden states of packed rows, plus the sequence-classification head if any."""
 
-    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ):
         if config.get("hidden_act", "gelu") != "gelu":
             raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
         buckets = int(config.get("relative_attention_num_buckets", NUM_BUCKETS))
@@ -105,7 +111,7 @@ class MPNetEncoder(PackedEncoder):
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = device
 
-        put = float32_on(device)
+        put = weights_on(device, dtype)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]

@@ -1,4 +1,5 @@
-"""Sentence-transformers pooling over packed rows, one row at a time.
+"""Sentence-transformers pooling over packed rows, one row at a time, then the checkpoint's
+Dense modules (sr.models.dense) and Normalize, in that order.
 
 Each row is reduced over exactly its own tokens, so a row's vector does not depend on the
 other rows of the batch (no padding enters any sum).
@@ -7,6 +8,7 @@ other rows of the batch (no padding enters any sum).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +33,14 @@ def _pool_row(tokens: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 def pool(
-    hidden: torch.Tensor, lengths: list[int], modes: tuple[str, ...], normalize: bool
+    hidden: torch.Tensor,
+    lengths: list[int],
+    modes: tuple[str, ...],
+    normalize: bool,
+    dense: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H] of packed rows -> [n, H * len(modes)], L2-normalised if asked."""
+    """hidden [T, H] of packed rows -> [n, H * len(modes)], through `dense` (all rows at
+    once: a DenseStack) when given, then L2-normalised if asked."""
     rows = []
     start = 0
     for length in lengths:
@@ -42,4 +49,6 @@ def pool(
         parts = [_pool_row(tokens, mode) for mode in modes]
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts))
     pooled = torch.stack(rows)
+    if dense is not None:
+        pooled = dense(pooled)
     return F.normalize(pooled, p=2.0, dim=1) if normalize else pooled

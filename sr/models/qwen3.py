@@ -21,11 +21,12 @@ from sr.models.blocks import (
     PackedEncoder,
     Rotary,
     attention,
-    float32_on,
     rms_norm,
     strip_prefix,
     take,
+    weights_on,
 )
+from sr.models.gemm_rows import consistent_linear
 
 
 def _check_config(config: dict) -> float:
@@ -58,26 +59,22 @@ def _check_config(config: dict) -> float:
 
 
 class _Layer:
-    """One decoder block's weights; q/k/v fused into one projection, gate/up into another."""
+    """One decoder block's weights. q, k and v (and gate and up) are separate products,
+    joined afterwards: one fused product ran 8-22 % slower on this CPU at 1 thread
+    (docs/benchmarks.md), and the joined result keeps the per-token arithmetic after it
+    exactly as with the fused product."""
 
-    __slots__ = (
-        "down_w",
-        "gate_up_w",
-        "k_norm",
-        "ln1",
-        "ln2",
-        "o_b",
-        "o_w",
-        "q_norm",
-        "qkv_b",
-        "qkv_w",
-    )
+    __slots__ = ("down_w", "k_norm", "ln1", "ln2", "mlp_in", "o_b", "o_w", "q_norm", "qkv")
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, bias: bool, put):
         attn = f"{p}.self_attn"
-        names = ("q_proj", "k_proj", "v_proj")
-        self.qkv_w = put(torch.cat([take(w, f"{attn}.{n}.weight") for n in names]))
-        self.qkv_b = put(torch.cat([take(w, f"{attn}.{n}.bias") for n in names])) if bias else None
+        self.qkv = [
+            (
+                put(take(w, f"{attn}.{n}.weight")),
+                put(take(w, f"{attn}.{n}.bias")) if bias else None,
+            )
+            for n in ("q_proj", "k_proj", "v_proj")
+        ]
         self.o_w = put(take(w, f"{attn}.o_proj.weight"))
         self.o_b = put(take(w, f"{attn}.o_proj.bias")) if bias else None
         self.q_norm = put(take(w, f"{attn}.q_norm.weight"))
@@ -85,21 +82,25 @@ class _Layer:
         self.ln1 = put(take(w, f"{p}.input_layernorm.weight"))
         self.ln2 = put(take(w, f"{p}.post_attention_layernorm.weight"))
         mlp = f"{p}.mlp"
-        self.gate_up_w = put(
-            torch.cat([take(w, f"{mlp}.gate_proj.weight"), take(w, f"{mlp}.up_proj.weight")])
-        )
+        self.mlp_in = [put(take(w, f"{mlp}.{n}_proj.weight")) for n in ("gate", "up")]
         self.down_w = put(take(w, f"{mlp}.down_proj.weight"))
 
 
 class Qwen3Encoder(PackedEncoder):
     """Hidden states of packed rows, plus the sequence-classification head if any."""
 
-    def __init__(self, config: dict, weights: dict[str, torch.Tensor], device: torch.device):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ):
         theta = _check_config(config)
         weights = strip_prefix(weights, "model.")
         self.device = device
 
-        put = float32_on(device)
+        put = weights_on(device, dtype)
 
         self.hidden_size = int(config["hidden_size"])
         self.num_heads = int(config["num_attention_heads"])
@@ -119,7 +120,9 @@ class Qwen3Encoder(PackedEncoder):
         self.layers = [_Layer(weights, f"layers.{i}", bias, put) for i in range(count)]
         self.norm = put(take(weights, "norm.weight"))
         self.max_positions = int(config["max_position_embeddings"])
-        self.rotary = Rotary(self.head_dim, theta, self.max_positions, device)
+        # cos/sin in the served dtype, rotation in it too (transformers' Qwen3 rotates in
+        # the query's dtype); RMSNorm computes its variance in float32 (blocks.rms_norm).
+        self.rotary = Rotary(self.head_dim, theta, self.max_positions, device, dtype)
         self.positions = torch.arange(self.max_positions, device=device)
         pad_id = config.get("pad_token_id")
         self.pad_token_id = None if pad_id is None else int(pad_id)
@@ -140,7 +143,8 @@ class Qwen3Encoder(PackedEncoder):
         eps, dim = self.eps, self.head_dim
         q_size, kv_size = self.num_heads * dim, self.num_kv_heads * dim
         for layer in self.layers:
-            qkv = F.linear(rms_norm(x, layer.ln1, eps), layer.qkv_w, layer.qkv_b)
+            normed = rms_norm(x, layer.ln1, eps)
+            qkv = torch.cat([F.linear(normed, w, b) for w, b in layer.qkv], dim=1)
             if pad:
                 qkv = qkv[:tokens]
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=1)
@@ -152,7 +156,8 @@ class Qwen3Encoder(PackedEncoder):
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
             x = x + F.linear(ctx, layer.o_w, layer.o_b)
-            gate, up = F.linear(rms_norm(x, layer.ln2, eps), layer.gate_up_w).chunk(2, dim=1)
+            normed = rms_norm(x, layer.ln2, eps)
+            gate, up = torch.cat([F.linear(normed, w) for w in layer.mlp_in], dim=1).chunk(2, dim=1)
             x = x + F.linear(F.silu(gate) * up, layer.down_w)
         x = rms_norm(x, self.norm, eps)
         return x[:tokens] if pad else x
@@ -164,7 +169,7 @@ class Qwen3Encoder(PackedEncoder):
         states = hidden[self._read_tokens(packed, ids)]
         rows = states.shape[0]
         states = self.pad_to_cutoff(states)
-        return F.linear(states, self.score)[:rows]
+        return consistent_linear(states, self.score)[:rows]
 
     def _read_tokens(self, packed: Packed, ids: torch.Tensor) -> list[int]:
         if self.pad_token_id is None:

@@ -215,12 +215,12 @@ def test_unknown_family_and_unsupported_modules_are_refused(tmp_path):
         load_model(folder)
     (folder / "config.json").write_text(json.dumps(config))
     modules = json.loads((folder / "modules.json").read_text())
-    modules.insert(
-        2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-    )
+    # Dense is served (tests/models/test_pooling_modules.py); a LayerNorm module is not.
+    layer_norm = "sentence_transformers.models.LayerNorm"
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": layer_norm})
     modules[3]["idx"] = 3
     (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(UnsupportedModel, match="Dense"):
+    with pytest.raises(UnsupportedModel, match=r"LayerNorm' at position 2 is not supported"):
         load_model(folder)
 
 
