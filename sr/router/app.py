@@ -47,7 +47,7 @@ from sr.router.faults import FAULTS_PATH, FaultRoute, fault_injection_enabled
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.rewrite import answer_with_public_model, forward_body, parse_native_body
 
-NATIVE_ROUTES = frozenset({"/v1/embeddings", "/v1/classify", "/v1/decisions"})
+NATIVE_ROUTES = frozenset({"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank"})
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"
 _OUTCOME_BY_CODE = {

@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overflow", default="reject")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--dtype", default="float32")
     p.add_argument("--uds")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -88,6 +89,7 @@ def parse_command(argv: list[str]) -> tuple[WorkerOptions, dict, int | None]:
         overflow=args.overflow,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=args.dtype,
         fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
     )
     options.validate()

@@ -26,15 +26,16 @@ from sr.errors import ForwardFailed
 from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
 
-KINDS = ("embed", "classify")
+KINDS = ("embed", "classify", "rerank")
 DEFAULT_CACHE_ROWS = 4096
 
 
 class _Row:
-    __slots__ = ("ids", "length", "slot", "submission")
+    __slots__ = ("ids", "length", "second", "slot", "submission")
 
-    def __init__(self, ids: list[int], submission: _Submission, slot: int) -> None:
+    def __init__(self, ids: list[int], second: int, submission: _Submission, slot: int) -> None:
         self.ids = ids
+        self.second = second  # where a pair's second text starts; len(ids) for one text
         self.length = len(ids)
         self.submission = submission
         self.slot = slot
@@ -101,7 +102,13 @@ class Engine:
         self.forwards = 0
         self._device = device
         self._runner = runner
-        self._forward_fns = {"embed": model.embed, "classify": model.classify_logits}
+        self._forward_fns = {
+            "embed": lambda rows: model.embed([r.ids for r in rows]),
+            "classify": lambda rows: model.classify_logits([r.ids for r in rows]),
+            "rerank": lambda rows: model.rerank_logits(
+                [r.ids for r in rows], [r.second for r in rows]
+            ),
+        }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()
         self._on_forward = on_forward  # (rows, padded tokens, requests) per forward
@@ -110,16 +117,20 @@ class Engine:
     def queued_rows(self) -> int:
         return sum(s.remaining for s in self._pending)
 
-    async def compute(self, kind: str, rows: list[list[int]]) -> list[list[float]]:
-        """Answer each row (one list of floats per row, in order), sharing forwards."""
+    async def compute(
+        self, kind: str, rows: list[list[int]], second_starts: list[int] | None = None
+    ) -> list[list[float]]:
+        """Answer each row (one list of floats per row, in order), sharing forwards.
+        Pairs (kind `rerank`) give where each row's second text starts."""
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         answers: list[list[float] | None] = [None] * len(rows)
         submission = _Submission(kind)
-        slot_of: dict[tuple[int, ...], int] = {}
+        slot_of: dict[tuple, int] = {}
         wanted: list[tuple[int, int]] = []  # (answer index, submission slot)
         for index, ids in enumerate(rows):
-            key = tuple(ids)
+            second = len(ids) if second_starts is None else second_starts[index]
+            key = (tuple(ids), second)
             if self.cache is not None:
                 cached = self.cache.get((kind, key))
                 if cached is not None:
@@ -128,7 +139,7 @@ class Engine:
             slot = slot_of.get(key)
             if slot is None:
                 slot = slot_of[key] = len(submission.rows)
-                submission.rows.append(_Row(ids, submission, slot))
+                submission.rows.append(_Row(ids, second, submission, slot))
             wanted.append((index, slot))
         if submission.rows:
             submission.results = [None] * len(submission.rows)
@@ -176,12 +187,11 @@ class Engine:
 
     async def _forward(self, kind: str, batch: list[_Row]) -> None:
         forward = self._forward_fns[kind]
-        ids = [r.ids for r in batch]
         padded = padded_tokens([r.length for r in batch])
 
         def work() -> list[list[float]]:
             with torch.inference_mode():
-                out = self._runner.run(lambda: forward(ids), padded)
+                out = self._runner.run(lambda: forward(batch), padded)
                 return out.detach().float().cpu().tolist()
 
         try:
@@ -201,7 +211,7 @@ class Engine:
             submission = row.submission
             submission.results[row.slot] = values
             if self.cache is not None:
-                self.cache.put((submission.kind, tuple(row.ids)), values)
+                self.cache.put((submission.kind, (tuple(row.ids), row.second)), values)
             submission.remaining -= 1
             if submission.remaining == 0:
                 submission.done.set()

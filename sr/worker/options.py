@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from sr.config.schema import PROFILES
+from sr.config.schema import DEFAULT_DTYPE, DTYPES, FLOAT16_REFUSED_ON, PROFILES
 from sr.errors import UsageError
 
 OVERFLOW_MODES = ("reject", "truncate")
@@ -21,6 +21,7 @@ class WorkerOptions:
     overflow: str = "reject"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    dtype: str = DEFAULT_DTYPE
     fault_injection: bool = False
 
     def validate(self) -> None:
@@ -46,6 +47,15 @@ class WorkerOptions:
             )
         if not _is_device(self.device):
             raise UsageError(f"--device: expected cpu, cuda:N or rocm:N, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "float16" and self.device in FLOAT16_REFUSED_ON:
+            # Measured: float16 matmul on this torch CPU build is ~5x slower than float32
+            # (no native kernel), bfloat16 ~2x faster (docs/decisions.md).
+            raise UsageError(
+                f"--dtype: float16 is not served on {self.device} (CPU float16 matmul is"
+                " several times slower than float32); use bfloat16 or float32"
+            )
 
 
 def _is_device(device: str) -> bool:

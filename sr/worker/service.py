@@ -51,7 +51,7 @@ def load_from_artifact(options: WorkerOptions):
     from sr.models import load_model, resolve_artifact
 
     path = resolve_artifact(options.artifact, options.revision)
-    return load_model(path, device=options.device)
+    return load_model(path, device=options.device, dtype=options.dtype)
 
 
 def default_golden_check(model):
@@ -105,6 +105,7 @@ class WorkerService:
             "/v1/embeddings": ("POST", lambda body: forward(body, "embeddings")),
             "/v1/classify": ("POST", lambda body: forward(body, "classify")),
             "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
+            "/v1/rerank": ("POST", lambda body: forward(body, "rerank")),
             "/v1/models": ("GET", self._models_route),
             "/health": ("GET", self._health_route),
             "/health/live": ("GET", self._live_route),
@@ -184,6 +185,16 @@ class WorkerService:
             return False
         self.runner.unlock()
         cross_request = self.probe.passed or options.profile == "throughput"
+        # Once per start: the precision served and whether rows stay bit-identical alone
+        # and batched at it (if not, `exact` serves one request per forward).
+        self.events.emit(
+            "worker_batching",
+            dtype=options.dtype,
+            profile=options.profile,
+            exact_batching=self.probe.passed,
+            cross_request=cross_request,
+            detail=self.probe.detail,
+        )
         self.engine = Engine(
             model,
             device,
@@ -284,6 +295,7 @@ class WorkerService:
             "device": options.device,
             "threads": options.threads,
             "profile": options.profile,
+            "dtype": options.dtype,
             "state": self.state,
             "reason": self.reason,
             "limits": engine.limits.card() if engine else None,
@@ -294,6 +306,8 @@ class WorkerService:
             "golden": self.golden,
             "batching": {
                 "cross_request": engine.cross_request if engine else None,
+                # rows bit-identical alone and batched at the dtype served (the probe)
+                "exact_batching": self.probe.passed if self.probe else None,
                 "probe": self.probe.card() if self.probe else None,
                 "cache_rows": engine.cache.capacity if engine and engine.cache is not None else 0,
             },

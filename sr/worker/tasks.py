@@ -1,4 +1,4 @@
-"""The three worker tasks: body -> rows -> one engine submission -> answer.
+"""The worker tasks: body -> rows -> one engine submission -> answer.
 
 Zero-shot classification and decisions compare embeddings by cosine similarity and turn
 similarities into probabilities with a softmax at ZERO_SHOT_TEMPERATURE (fixed, so the same
@@ -25,6 +25,7 @@ _INLINE_TOKENIZE_CHARS = 16_384
 _EMBEDDINGS_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
 _CLASSIFY_FIELDS = frozenset({"model", "input", "labels"})
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions"})
+_RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 
 
@@ -157,6 +158,74 @@ class Tasks:
                 "confidence": probabilities[best],
             }
         return {"model": model_name, "answers": answers, "usage": usage}
+
+    async def rerank(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Score each (query, document) pair with the checkpoint's cross-encoder head;
+        results sorted by relevance, highest first (the shape Cohere, Jina and TEI rerank
+        clients read)."""
+        v.check_fields(body, allowed=_RERANK_FIELDS, required=("query", "documents"))
+        model_name = self._served_model(body)
+        query = v.text(body["query"], "query")
+        documents, fields = v.text_list(body["documents"], "documents")
+        top_n = v.positive_int(body["top_n"], "top_n") if "top_n" in body else len(documents)
+        return_documents = v.boolean(body.get("return_documents", False), "return_documents")
+        labels = self.model.head_labels
+        if not labels:
+            raise InvalidRequest(
+                "this deployment's model has no classification head; /v1/rerank needs a "
+                "cross-encoder checkpoint (a *ForSequenceClassification with one output)"
+            )
+        if len(labels) != 1:
+            raise InvalidRequest(
+                f"this deployment's model is a classifier with {len(labels)} labels; "
+                "/v1/rerank needs a cross-encoder with one relevance output"
+            )
+        pairs, usage = await self._pairs(query, documents, fields)
+        rows = [ids for ids, _ in pairs]
+        logits = await self.engine.compute("rerank", rows, [second for _, second in pairs])
+        scores = [_sigmoids(row)[0] for row in logits]
+        order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
+        results = []
+        for index in order:
+            result: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
+            if return_documents:
+                result["document"] = {"text": documents[index]}
+            results.append(result)
+        return {"model": model_name, "results": results, "usage": usage}
+
+    async def _pairs(
+        self, query: str, documents: list[str], fields: list[str]
+    ) -> tuple[list[tuple[list[int], int]], dict]:
+        """Each pair's ids and second-text start, under the overflow rule (a pair over
+        the limit is refused, or cut longest text first as sentence-transformers'
+        CrossEncoder cuts it), and the tokens in `usage`."""
+        encode = self.model.encode_pairs
+        if len(query) * len(documents) + sum(map(len, documents)) > _INLINE_TOKENIZE_CHARS:
+            pairs = await trio.to_thread.run_sync(encode, query, documents)
+        else:
+            pairs = encode(query, documents)
+        limit = self.max_input_tokens
+        over = [i for i, (ids, _) in enumerate(pairs) if len(ids) > limit]
+        if over and self.overflow == "reject":
+            i = over[0]
+            raise InvalidRequest(
+                f"{fields[i]}: {len(pairs[i][0])} tokens with the query exceed "
+                f"input.max_tokens {limit} (overflow: reject)"
+            )
+        if over:
+            try:
+                cut = encode(query, [documents[i] for i in over], limit)
+            except Exception as error:  # tokenizers cannot cut this pair that short
+                raise InvalidRequest(
+                    f"{fields[over[0]]}: cannot be cut to input.max_tokens {limit}: {error}"
+                ) from None
+            for i, pair in zip(over, cut, strict=True):
+                pairs[i] = pair
+        tokens = sum(len(ids) for ids, _ in pairs)
+        usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if over:
+            usage["truncated_inputs"] = [fields[i] for i in over]
+        return pairs, usage
 
     async def _rows(self, texts: list[str], fields: list[str]) -> tuple[list[list[int]], dict]:
         """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""

@@ -63,16 +63,34 @@ def inputs(value: Any) -> tuple[list[str], list[str]]:
     """`input`: a string or a non-empty list of strings -> (texts, field names)."""
     if isinstance(value, str):
         return [text(value, "input")], ["input"]
+    return text_list(value, "input")
+
+
+def text_list(value: Any, field: str) -> tuple[list[str], list[str]]:
+    """A non-empty list of at most MAX_INPUTS strings -> (texts, field names `field[i]`)."""
     if not isinstance(value, list):
-        raise InvalidRequest(
-            f"input: expected a string or a list of strings, got {json_kind(value)}"
-        )
+        expected = "a string or a list of strings" if field == "input" else "a list of strings"
+        raise InvalidRequest(f"{field}: expected {expected}, got {json_kind(value)}")
     if not value:
-        raise InvalidRequest("input: must not be an empty list")
+        raise InvalidRequest(f"{field}: must not be an empty list")
     if len(value) > MAX_INPUTS:
-        raise RequestTooLarge(f"input: {len(value)} items; the limit is {MAX_INPUTS} per request")
-    fields = [f"input[{i}]" for i in range(len(value))]
-    return [text(item, field) for item, field in zip(value, fields, strict=True)], fields
+        raise RequestTooLarge(f"{field}: {len(value)} items; the limit is {MAX_INPUTS} per request")
+    fields = [f"{field}[{i}]" for i in range(len(value))]
+    return [text(item, where) for item, where in zip(value, fields, strict=True)], fields
+
+
+def positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{field}: expected an integer >= 1, got {json_kind(value)}")
+    if value < 1:
+        raise InvalidRequest(f"{field}: expected an integer >= 1, got {value}")
+    return value
+
+
+def boolean(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{field}: expected true or false, got {json_kind(value)}")
+    return value
 
 
 def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:

@@ -69,7 +69,10 @@ def _calibrate_gpu(model, max_input: int, mem_get_info) -> tuple[int, int]:
 
 
 def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
-    """Do the same rows give bit-identical outputs alone and inside mixed-length batches?"""
+    """Do the same rows give bit-identical outputs alone and inside mixed-length batches?
+
+    It runs the model as served, so at its dtype (`model.dtype`, float32 when absent):
+    kernels of another precision may round a row differently by batch shape."""
     rows = [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
     forwards = [("embed", model.embed)]
     if model.head_labels:
@@ -84,11 +87,19 @@ def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
                     diff = (mixed[position].double() - expected.double()).abs().max().item()
                     return ProbeResult(
                         False,
-                        f"{name}: a {len(row)}-token row differs by {diff:.3g} in a mixed batch",
+                        f"{name}: a {len(row)}-token row differs by {diff:.3g} in a mixed batch"
+                        + _at_dtype(model),
                     )
     return ProbeResult(
-        True, f"{len(rows)} rows of {len(set(map(len, rows)))} lengths bit-identical"
+        True,
+        f"{len(rows)} rows of {len(set(map(len, rows)))} lengths bit-identical{_at_dtype(model)}",
     )
+
+
+def _at_dtype(model) -> str:
+    """` at bfloat16` for a model served in a reduced precision; empty at float32."""
+    dtype = getattr(model, "dtype", torch.float32)
+    return "" if dtype == torch.float32 else f" at {str(dtype).removeprefix('torch.')}"
 
 
 def _run(runner, forward, batch: list[list[int]]) -> torch.Tensor:
