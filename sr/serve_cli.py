@@ -2,14 +2,20 @@
 
     sr serve [MODEL] [-e|--engine] [--platform auto|cpu|cuda|rocm] [-dp N]
              [--device-ids IDS] [--config FILE] [--host H] [--port P] [--threads N]
-             [--dry-run]
+             [--dtype float32|bfloat16|float16] [--dry-run] [--download]
 
 The config file is the only state: flags are applied to it (creating the default config
 when the file is missing), the result is validated, and only then written, atomically and
 only when it changed. Usage errors are one line on stderr and exit status 2, with the
 file left byte-for-byte as it was (a config with several issues lists them all on that line,
 joined by "; "). `--threads` above the CPU budget is capped at it silently, exactly like
-`VLLM_SRUN_CPU_THREADS` (SPEC section 7).
+`VLLM_SRUN_CPU_THREADS` (SPEC section 7). `--dtype` is written into the default
+deployment, like MODEL: an engine arg of the config, not a run-time setting.
+
+`--download` fetches, before the config is written and before any worker starts, every
+Hugging Face artifact of a managed deployment that does not resolve offline
+(sr.models.download); a failed download is one `startup failed` line, exit status 1, with
+the file left as it was. Without it sr never downloads. `--dry-run` downloads nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from sr.config.arguments import OneLineArgumentParser, bounded_int, report_usage
 from sr.config.cli import issue_line
 from sr.config.load import dump_config, load_config, validate, write_config_atomic
 from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
-from sr.config.schema import MAX_REPLICAS, default_config
+from sr.config.schema import DTYPES, MAX_REPLICAS, SrConfig, default_config
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, UsageError
 
@@ -47,8 +53,14 @@ def _parser() -> OneLineArgumentParser:
     p.add_argument("--host", help="listener host (default: from the config)")
     p.add_argument("--port", type=bounded_int(0, 65535), help="listener port")
     p.add_argument("--threads", type=bounded_int(1), help="CPU threads per managed worker")
+    p.add_argument("--dtype", choices=DTYPES, help="precision of the default deployment")
     p.add_argument(
         "--dry-run", action="store_true", help="print the resulting config; write nothing"
+    )
+    p.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch missing Hugging Face artifacts into the hub cache before starting",
     )
     return p
 
@@ -59,6 +71,18 @@ def _issues_line(path: Path, issues: list[ConfigIssue]) -> str:
         return f"{path}: invalid config"
     first, *rest = issues
     return "; ".join([issue_line(path, first), *(str(issue) for issue in rest)])
+
+
+def _apply_dtype(cfg: SrConfig, dtype: str) -> None:
+    """`--dtype`: the default deployment's precision (`cfg` is apply_flags' fresh copy)."""
+    name = cfg.default_deployment
+    deployment = cfg.deployments.get(name)
+    if deployment is None:
+        raise UsageError(
+            f"the default deployment {name!r} (global.model_catalog.system.decision_model"
+            ".deployment) is not in the config; edit the config"
+        )
+    deployment.dtype = dtype
 
 
 def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
@@ -83,6 +107,8 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         current = load_config(path) if exists else default_config()
         inventory = gpu_inventory(env) if flags.places else []
         new = apply_flags(current, flags, inventory, env)
+        if args.dtype is not None:
+            _apply_dtype(new, args.dtype)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
     except ConfigError as exc:
@@ -95,6 +121,18 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
     if args.dry_run:
         sys.stdout.write(dump_config(new))
         return 0
+    if args.download:
+        # Before the config is written: a failed download leaves the file as it was.
+        from sr.models.download import DownloadFailed, download_missing
+
+        try:
+            download_missing(new)
+        except DownloadFailed as exc:
+            print(f"{PROG}: startup failed: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{PROG}: startup failed: download interrupted", file=sys.stderr)
+            return 1
     wrote = not exists or new != current
     if wrote:
         try:

@@ -39,10 +39,12 @@ def _make_converter() -> cattrs.Converter:
     for cls in _CLASSES:
         overrides = {}
         for field in attrs.fields(cls):
-            # A None default marks an optional field: the canonical dump leaves it out.
+            # A None default marks an optional field: the canonical dump leaves it out;
+            # so does `omit_if_default` metadata (a default that configs rarely change).
+            omit = field.default is None or field.metadata.get("omit_if_default", False)
             overrides[field.name] = override(
                 rename=yaml_key(field) if yaml_key(field) != field.name else None,
-                omit_if_default=field.default is None,
+                omit_if_default=omit,
             )
         conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, **overrides))
         conv.register_unstructure_hook(

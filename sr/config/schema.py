@@ -20,6 +20,12 @@ PROVIDERS = ("model_runtime",)
 # `throughput`: rows always share forwards (answers may differ in the last bits).
 PROFILES = ("exact", "throughput")
 OVERFLOW_MODES = ("reject", "truncate")
+# The precision workers compute in (`sr worker --dtype`). float32 is the default and is
+# left out of the canonical dump; float16 is served on GPUs only (docs/decisions.md).
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_DTYPE = "float32"
+# Devices whose workers refuse float16 (this torch CPU build has no fast float16 matmul).
+FLOAT16_REFUSED_ON = ("cpu",)
 
 
 def yaml_key(field: attrs.Attribute) -> str:
@@ -71,6 +77,8 @@ class Deployment:
     timeout_ms: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # An engine arg like the caps above: omitted from the dump while it is the default.
+    dtype: str = attrs.field(default=DEFAULT_DTYPE, metadata={"omit_if_default": True})
     # Single-worker shorthand; mutually exclusive with `replicas`.
     device: str | None = None
     endpoint: str | None = None

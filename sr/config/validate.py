@@ -10,7 +10,9 @@ import re
 from urllib.parse import urlsplit
 
 from sr.config.schema import (
+    DTYPES,
     EJECTION_CAP_MS,
+    FLOAT16_REFUSED_ON,
     MAX_REPLICAS,
     OVERFLOW_MODES,
     PROFILES,
@@ -146,6 +148,25 @@ def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -
         )
 
 
+def _check_dtype(dep: Deployment, path: str, issues: list[ConfigIssue]) -> None:
+    if dep.dtype not in DTYPES:
+        issues.append(ConfigIssue(path, f"unknown dtype {dep.dtype!r}; one of {', '.join(DTYPES)}"))
+        return
+    # Mirrors `sr worker`, which refuses float16 on cpu (sr/worker/options.py).
+    refused = sorted(
+        {r.device for r in dep.placements() if r.device in FLOAT16_REFUSED_ON and not r.attached}
+    )
+    if dep.dtype == "float16" and refused:
+        issues.append(
+            ConfigIssue(
+                path,
+                f"float16 is not served on {', '.join(refused)} (CPU float16 matmul is several"
+                " times slower than float32 in this torch build); use bfloat16 or float32,"
+                " or place the replicas on GPUs",
+            )
+        )
+
+
 def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> None:
     if dep.provider not in PROVIDERS:
         issues.append(
@@ -180,6 +201,7 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
         )
     for name in ("timeout_ms", "max_num_seqs", "max_num_batched_tokens"):
         _positive(getattr(dep, name), f"{path}.{name}", issues)
+    _check_dtype(dep, f"{path}.dtype", issues)
     budget = dep.max_num_batched_tokens
     if budget is not None and 0 < budget < dep.input.max_tokens:
         issues.append(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sr.config.schema import Deployment, Replica
+from sr.config.schema import DEFAULT_DTYPE, Deployment, Replica
 
 
 def placement_label(replica: Replica) -> str:
@@ -19,7 +19,7 @@ def placement_label(replica: Replica) -> str:
 
 
 def engine_args(deployment: Deployment, threads: int | None) -> dict:
-    return {
+    args = {
         "artifact": deployment.artifact,
         "revision": deployment.revision,
         "profile": deployment.profile,
@@ -29,6 +29,11 @@ def engine_args(deployment: Deployment, threads: int | None) -> dict:
         "max_num_batched_tokens": deployment.max_num_batched_tokens,
         "threads": threads,
     }
+    # Only when not the default, so the identities of float32 replicas (every replica
+    # before dtype existed) stay what they were and a reload does not restart them.
+    if deployment.dtype != DEFAULT_DTYPE:
+        args["dtype"] = deployment.dtype
+    return args
 
 
 def replica_identities(

@@ -56,6 +56,8 @@ def worker_argv(
         argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
     if deployment.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
+    if deployment.dtype != "float32":  # the worker's default; argv stays as before
+        argv += ["--dtype", deployment.dtype]
     if parent_fd is not None:
         argv += ["--parent-fd", str(parent_fd)]
     return [*argv, "--uds", uds]
@@ -82,6 +84,8 @@ def incompatibility(deployment: Deployment, card: dict) -> str | None:
     pinned = deployment.revision
     if pinned is not None and "revision" in card and card["revision"] != pinned:
         return f"revision: deployment pins {pinned!r}, worker serves {card['revision']!r}"
+    if "dtype" in card and card["dtype"] != deployment.dtype:
+        return f"dtype: deployment serves {deployment.dtype}, worker serves {card['dtype']}"
     limits = card.get("limits") or {}
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         wanted = getattr(deployment, key)

@@ -131,6 +131,14 @@ def test_card_revision_other_than_the_pinned_one_is_an_incompatibility():
     assert incompatibility(unpinned, {"artifact": "/models/tiny", "revision": "v1"}) is None
 
 
+def test_card_dtype_other_than_the_deployments_is_an_incompatibility():
+    bf16 = Deployment(artifact="/models/tiny", device="cpu", dtype="bfloat16")
+    assert incompatibility(bf16, {"artifact": "/models/tiny", "dtype": "bfloat16"}) is None
+    assert incompatibility(bf16, {"artifact": "/models/tiny"}) is None  # says nothing
+    why = incompatibility(bf16, {"artifact": "/models/tiny", "dtype": "float32"})
+    assert why == "dtype: deployment serves bfloat16, worker serves float32"
+
+
 def test_attached_replicas_are_never_terminal_managed_ones_are():
     for state in (S.FAILED, S.INCOMPATIBLE):
         assert is_terminal(state, attached=False)
