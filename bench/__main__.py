@@ -22,6 +22,7 @@ from bench.harness import ROOT
 # name -> (module, full arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "dispatch": ("bench.bench_dispatch", [], []),
+    "families": ("bench.bench_families", [], ["--runs", "15", "--batch-runs", "3"]),
     "frontend": ("bench.bench_frontend", ["--requests", "40000"], ["--requests", "10000"]),
     "transport": ("bench.bench_transport", ["--rounds", "20"], ["--rounds", "6"]),
     "router": (

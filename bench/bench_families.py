@@ -1,0 +1,482 @@
+"""sr's engine against transformers, per model family, in process, at one thread.
+
+    python -m bench.bench_families [--families bert mpnet ...] [--runs 40] [--batch-runs 5]
+        [--layers N] [--device cpu|cuda:0] [--dtype float32|bfloat16|float16]
+        [--reference transformers|sentence-transformers] [--models-dir DIR] [--profile]
+        [--out NAME]
+
+For each family sr serves (bert, xlm-roberta, mpnet, modernbert, qwen3) a random model of
+a real checkpoint's widths and head counts, fewer layers (bench/family_models.py), is
+written with transformers' `save_pretrained` and loaded twice: by sr (`load_model`, then
+`embed(ids)`: packed rows, no padding) and by transformers (`AutoModel`, eval,
+inference_mode, its default attention implementation), whose forward on the same token ids
+is followed by the pooling sentence-transformers applies (attention-masked mean for the
+encoders, the last token for qwen3, then L2 normalisation). Cases:
+  * short: one ~9-token text, latency (median ms);
+  * long: one ~120-token text, latency (median ms);
+  * batch32: 32 texts of 6 to ~128 tokens, throughput (texts/s): sr packs them into one
+    call; transformers pads them to the longest in one batch (right padding; left for
+    qwen3, as Qwen3-Embedding's tokenizer), as sentence-transformers' encode does.
+The two implementations alternate run by run after a warm-up, so load from other processes
+hits both alike. Targets (the issue's): sr <= 1.0x the reference's latency on short and
+long, >= 1.0x its throughput on batch32, read on the ratio of the medians; `paired` is the
+median of the run-by-run ratios (steadier on a busy host). Each case also reports the max
+abs diff between the two pooled outputs (the same math: under 1e-6 at float32).
+
+`--reference sentence-transformers` times `SentenceTransformer.encode(texts)` instead
+(tokenization included on both sides: sr then runs `embed(tokenize(texts))`). Without it,
+when sentence-transformers is installed, its `encode` is still run once per family to
+check that the reference pooling above is its math (`st_vs_reference` in the JSON).
+`--profile` prints torch profiler tables (top ops by self CPU time) of both sides per case.
+`--device cuda:0 --dtype bfloat16` is what bench/gpu_check.sh runs on a GPU host (a dtype
+other than float32 needs `sr.models.load_model(..., dtype=...)`).
+Prints a table; writes bench/results/families.json (or --out NAME).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.family_models import FAMILIES, FamilySpec, cached_family, quiet_transformers
+from bench.harness import ROOT, print_table, write_result
+
+LATENCY_TARGET = 1.0  # sr ms / reference ms, at most
+THROUGHPUT_TARGET = 1.0  # sr texts/s / reference texts/s, at least
+BATCH = 32
+LONG_TOKENS = 120
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+SHORT_TEXT = "What is the capital of France?"
+# Prose to cut texts from (the long text and the batch's texts are runs of its words).
+_CORPUS = (
+    "A router serves small encoder models as pools of worker processes. Each replica loads "
+    "its own copy of the weights, answers health probes, and batches the rows of concurrent "
+    "requests into shared forward passes when that leaves every answer bit-identical. "
+    "Requests arrive over HTTP; the router picks the ready worker with the fewest outstanding "
+    "bytes, admits at most thirty-two requests per worker, backs off from workers that fail, "
+    "ejects those that time out again and again, and restarts the ones that die. Embeddings "
+    "feed search, clustering and deduplication; classification heads sort support tickets "
+    "into billing, shipping or technical questions; decision prompts ask whether a message "
+    "is urgent, polite, or in need of a human. The quick brown fox jumps over the lazy dog "
+    "near the river bank while the printer on the third floor, which has jammed twice since "
+    "Monday, prints the quarterly report (forty-two pages, double sided) for the meeting at "
+    "half past nine. Crème brûlée, naïve café, Straße and déjà vu test the tokenizer's "
+    "handling of accents; numbers such as 3.14159, 2024-06-01 and #1234 test its splitting "
+    "of digits and punctuation. Latency matters for a single short query typed by a person; "
+    "throughput matters when a nightly job embeds millions of passages in large batches."
+)
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+
+def _words_for(tokenizer, target: int, start: int) -> str:
+    """A run of corpus words from word `start` (wrapping) of about `target` tokens."""
+    words = _CORPUS.split()
+    picked: list[str] = []
+    while True:
+        picked.append(words[(start + len(picked)) % len(words)])
+        text = " ".join(picked)
+        if len(tokenizer.encode(text).ids) >= target:
+            return text
+
+
+def make_texts(tokenizer) -> dict[str, list[str]]:
+    """The cases' texts: short (1), long (1, ~120 tokens), batch32 (6 to ~128 tokens)."""
+    rng = random.Random(0)
+    # A mix as a search or support workload sends: a third short queries, a third
+    # sentences, a third passages.
+    targets = (
+        [rng.randint(6, 20) for _ in range(11)]
+        + [rng.randint(21, 64) for _ in range(11)]
+        + [rng.randint(65, 128) for _ in range(10)]
+    )
+    rng.shuffle(targets)
+    batch = [_words_for(tokenizer, t, rng.randrange(400)) for t in targets]
+    return {
+        "short": [SHORT_TEXT],
+        "long": [_words_for(tokenizer, LONG_TOKENS, 0)],
+        "batch32": batch,
+    }
+
+
+# -- the two implementations ----------------------------------------------------------------
+
+
+def load_sr(folder: Path, device: str, dtype: str):
+    """sr's model; a dtype other than float32 needs load_model's `dtype` parameter."""
+    from sr.models import load_model
+
+    if "dtype" not in inspect.signature(load_model).parameters:
+        if dtype != "float32":
+            raise SystemExit(
+                f"--dtype {dtype}: this checkout's sr.models.load_model(path, device) has no "
+                "dtype parameter yet (sr serves float32 only); rerun with --dtype float32"
+            )
+        return load_model(folder, device)
+    try:
+        return load_model(folder, device, dtype=dtype)
+    except TypeError:  # a load_model that takes torch dtypes rather than their names
+        return load_model(folder, device, dtype=DTYPES[dtype])
+
+
+class Reference:
+    """transformers' AutoModel forward on padded rows + sentence-transformers' pooling."""
+
+    def __init__(self, folder: Path, spec: FamilySpec, device: str, dtype: str):
+        import transformers
+
+        model = transformers.AutoModel.from_pretrained(folder, dtype=DTYPES[dtype])
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+        self.spec = spec
+        pad = self.model.config.pad_token_id
+        self.pad_id = 0 if pad is None or pad >= self.model.config.vocab_size else int(pad)
+        self.attn_implementation = getattr(self.model.config, "_attn_implementation", None)
+
+    def _pad(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(row) for row in batch)
+        ids, mask = [], []
+        for row in batch:
+            fill = longest - len(row)
+            if self.spec.padding_side == "left":
+                ids.append([self.pad_id] * fill + row)
+                mask.append([0] * fill + [1] * len(row))
+            else:
+                ids.append(row + [self.pad_id] * fill)
+                mask.append([1] * len(row) + [0] * fill)
+        return (
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            torch.tensor(mask, dtype=torch.long, device=self.device),
+        )
+
+    def embed(self, batch: list[list[int]]) -> torch.Tensor:
+        ids, mask = self._pad(batch)
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            pooled = self._pool(hidden, mask)
+            if self.spec.normalize:
+                pooled = F.normalize(pooled, p=2.0, dim=1)
+            return pooled.float().cpu()
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # sentence_transformers.models.Pooling's formulas.
+        if self.spec.pooling == "mean":
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        if self.spec.pooling == "lasttoken":
+            if self.spec.padding_side == "left":
+                return hidden[:, -1]
+            last = mask.sum(1) - 1
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        if self.spec.pooling == "cls":
+            return hidden[:, 0]
+        raise ValueError(f"pooling {self.spec.pooling!r}")
+
+
+def load_st(folder: Path, device: str, dtype: str):
+    import sentence_transformers
+
+    return sentence_transformers.SentenceTransformer(
+        str(folder), device=device, model_kwargs={"dtype": DTYPES[dtype]}
+    )
+
+
+def st_encode(st, texts: list[str]) -> torch.Tensor:
+    out = st.encode(texts, batch_size=BATCH, convert_to_tensor=True, show_progress_bar=False)
+    return out.float().cpu()
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def alternating(ours: Callable[[], object], theirs: Callable[[], object], runs: int):
+    """Seconds of each run of both, alternating which goes first run by run."""
+    ours_s: list[float] = []
+    theirs_s: list[float] = []
+    for i in range(runs):
+        pairs = ((ours, ours_s), (theirs, theirs_s))
+        for fn, into in pairs if i % 2 else pairs[::-1]:
+            started = time.perf_counter()
+            fn()
+            into.append(time.perf_counter() - started)
+    return ours_s, theirs_s
+
+
+def profile_table(fn: Callable[[], object], runs: int = 3, rows: int = 12) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(runs):
+            fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+# -- one family -----------------------------------------------------------------------------
+
+
+def bench_family(name: str, args, workdir: Path) -> dict:
+    spec = FAMILIES[name]
+    started = time.perf_counter()
+    folder = cached_family(name, workdir, layers=args.layers)
+    built_s = time.perf_counter() - started
+    model = load_sr(folder, args.device, args.dtype)
+    use_st = args.reference == "sentence-transformers"
+    reference = None if use_st else Reference(folder, spec, args.device, args.dtype)
+    st = None
+    if use_st or (args.st_check and _have_st()):
+        st = load_st(folder, args.device, args.dtype)
+
+    texts = make_texts(model.tokenizer)
+    result: dict = {
+        "family": name,
+        "like": spec.like,
+        "config": spec.describe(args.layers),
+        "layers": args.layers or spec.layers,
+        "build_s": round(built_s, 1),
+        "reference_attn_implementation": reference.attn_implementation if reference else None,
+        "cases": {},
+    }
+    print(f"\n== {name}: {result['config']}", flush=True)
+
+    for case, case_texts in texts.items():
+        ids = model.tokenize(case_texts)
+        if use_st:
+
+            def ours(t=case_texts):
+                return model.embed(model.tokenize(t))
+
+            def theirs(t=case_texts):
+                return st_encode(st, t)
+        else:
+
+            def ours(b=ids):
+                return model.embed(b)
+
+            def theirs(b=ids):
+                return reference.embed(b)
+
+        diff = _max_diff(ours(), theirs())
+        runs = args.batch_runs if case == "batch32" else args.runs
+        warm = max(2, runs // 5)
+        alternating(ours, theirs, warm)
+        ours_s, theirs_s = alternating(ours, theirs, runs)
+        sr_ms, ref_ms = statistics.median(ours_s) * 1e3, statistics.median(theirs_s) * 1e3
+        lengths = [len(row) for row in ids]
+        entry = {
+            "texts": len(ids),
+            "tokens": sum(lengths),
+            "padded_tokens": len(ids) * max(lengths),
+            "lengths": lengths if len(lengths) > 1 else lengths[0],
+            "runs": runs,
+            "sr_ms": round(sr_ms, 3),
+            "reference_ms": round(ref_ms, 3),
+            "sr_ms_all": [round(v * 1e3, 3) for v in ours_s],
+            "reference_ms_all": [round(v * 1e3, 3) for v in theirs_s],
+            "max_abs_diff": diff,
+        }
+        # Per adjacent pair (same moment, same load): steadier than the medians' ratio on a
+        # busy host. For batch32 it is the throughput ratio (reference time / sr time).
+        pairs = [a / b for a, b in zip(ours_s, theirs_s, strict=True)]
+        if case == "batch32":
+            entry["paired_ratio"] = round(statistics.median(1 / p for p in pairs), 3)
+            entry["sr_texts_per_s"] = round(len(ids) / (sr_ms / 1e3), 1)
+            entry["reference_texts_per_s"] = round(len(ids) / (ref_ms / 1e3), 1)
+            entry["ratio"] = round(entry["sr_texts_per_s"] / entry["reference_texts_per_s"], 3)
+            entry["target"] = f">= {THROUGHPUT_TARGET}"
+            entry["met"] = entry["ratio"] >= THROUGHPUT_TARGET
+        else:
+            entry["paired_ratio"] = round(statistics.median(pairs), 3)
+            entry["ratio"] = round(sr_ms / ref_ms, 3)
+            entry["target"] = f"<= {LATENCY_TARGET}"
+            entry["met"] = entry["ratio"] <= LATENCY_TARGET
+        result["cases"][case] = entry
+        print(
+            f"  {case}: {entry['tokens']} tokens, sr {sr_ms:.2f} ms, reference {ref_ms:.2f} ms, "
+            f"ratio {entry['ratio']} (paired {entry['paired_ratio']}), max abs diff {diff:.2e}",
+            flush=True,
+        )
+        if args.profile:
+            for side, fn in (("sr", ours), ("reference", theirs)):
+                print(f"\n-- profile {name} {case} {side} (3 runs)\n{profile_table(fn)}")
+
+    if st is not None and not use_st:
+        # The reference's pooling is sentence-transformers' own: same texts through encode.
+        batch = texts["batch32"]
+        want = st_encode(st, batch)
+        got = reference.embed(model.tokenize(batch))
+        result["st_vs_reference_max_abs_diff"] = _max_diff(got, want)
+        result["st_vs_sr_max_abs_diff"] = _max_diff(model.embed(model.tokenize(batch)), want)
+        print(
+            f"  sentence-transformers encode vs reference: "
+            f"{result['st_vs_reference_max_abs_diff']:.2e}, vs sr: "
+            f"{result['st_vs_sr_max_abs_diff']:.2e}",
+            flush=True,
+        )
+    return result
+
+
+def _have_st() -> bool:
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _versions() -> dict:
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__}
+    with contextlib.suppress(ImportError):
+        import sentence_transformers
+
+        out["sentence_transformers"] = sentence_transformers.__version__
+    return out
+
+
+def _sr_tree_state() -> list[str]:
+    """Uncommitted changes under sr/models at run time (other work in progress shows here)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--", "sr/models"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--runs", type=int, default=40, help="timed runs of short and long")
+    parser.add_argument("--batch-runs", type=int, default=5, help="timed runs of batch32")
+    parser.add_argument("--layers", type=int, default=None, help="default: each family's own")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument(
+        "--reference", choices=("transformers", "sentence-transformers"), default="transformers"
+    )
+    parser.add_argument(
+        "--no-st-check",
+        dest="st_check",
+        action="store_false",
+        help="skip the sentence-transformers encode agreement check",
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="keep the built models here and reuse them on later runs (default: a temp dir)",
+    )
+    parser.add_argument("--profile", action="store_true", help="print torch profiler tables")
+    parser.add_argument("--out", default="families", help="bench/results/<OUT>.json")
+    args = parser.parse_args(argv)
+    if args.device != "cpu" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch sees no GPU here")
+    if args.reference == "sentence-transformers" and not _have_st():
+        raise SystemExit("--reference sentence-transformers: pip install '.[bench]' first")
+
+    torch.set_num_threads(args.threads)
+    quiet_transformers()
+    started = time.perf_counter()
+    results = []
+    with contextlib.ExitStack() as stack:
+        models = args.models_dir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="sr-bench-families-"))
+        )
+        for name in args.families:
+            results.append(bench_family(name, args, models))
+
+    rows = []
+    for family in results:
+        for case, c in family["cases"].items():
+            if case == "batch32":
+                unit, ours, theirs = "texts/s", c["sr_texts_per_s"], c["reference_texts_per_s"]
+            else:
+                unit, ours, theirs = "ms", c["sr_ms"], c["reference_ms"]
+            verdict = "met" if c["met"] else "MISSED"
+            rows.append(
+                (
+                    family["family"],
+                    case,
+                    c["tokens"],
+                    unit,
+                    ours,
+                    theirs,
+                    c["ratio"],
+                    c["paired_ratio"],
+                    f"{c['target']} {verdict}",
+                    f"{c['max_abs_diff']:.1e}",
+                )
+            )
+    print()
+    print(
+        f"device {args.device}, {args.dtype}, {args.threads} thread(s), reference "
+        f"{args.reference}; ratio = sr/reference of the medians (ms: lower is better for sr; "
+        "texts/s: higher is better); paired = median of the run-by-run ratios; the target "
+        "verdict reads the ratio"
+    )
+    header = (
+        "family",
+        "case",
+        "tokens",
+        "unit",
+        "sr",
+        "reference",
+        "ratio",
+        "paired",
+        "target",
+        "max abs diff",
+    )
+    print_table(header, rows)
+    write_result(
+        args.out,
+        {
+            "device": args.device,
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "reference": args.reference,
+            "targets": {
+                "latency_ratio_max": LATENCY_TARGET,
+                "throughput_ratio_min": THROUGHPUT_TARGET,
+            },
+            "versions": _versions(),
+            "platform": platform.platform(),
+            "sr_models_uncommitted": _sr_tree_state(),
+            "wall_s": round(time.perf_counter() - started, 1),
+            "families": results,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

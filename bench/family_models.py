@@ -1,0 +1,309 @@
+"""Random-weight checkpoints of realistic size, one per model family sr serves.
+
+    from bench.family_models import FAMILIES, build_family
+    folder = build_family("modernbert", Path("/tmp/mb"))          # save_pretrained + tokenizer
+    folder = build_family("qwen3", Path("/tmp/q3"), layers=1)     # fewer layers
+
+Each family copies the widths, head counts and options of a well-known checkpoint (named in
+`FamilySpec.like`) with fewer layers, so a CPU benchmark of all of them stays short. The
+model is built by transformers itself (`AutoConfig.for_model` + `AutoModel.from_config`,
+its own weight init) and written with `save_pretrained` (safetensors), together with the
+embedded MiniLM's tokenizer files (every family reads token ids below 30522, so the
+vocabulary only has to be that large) and the sentence-transformers module files of the
+original (Transformer -> Pooling -> Normalize, with its pooling mode), so sr,
+transformers and sentence-transformers all load the same folder.
+
+Used by bench/bench_families.py and bench/gpu_check.sh (`python -m bench.family_models
+NAME ROOT` writes ROOT/<name>-L<layers>-s<seed>, or reuses it, and prints its path).
+transformers is a test/bench dependency only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# The embedded MiniLM's tokenizer files (WordPiece, 30522 ids).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
+TOKENIZER_VOCAB = 30522
+MAX_SEQ_LENGTH = 512  # sentence_bert_config.json; the benchmark's texts stay far below
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str  # the benchmark's name for it (the model_type)
+    like: str  # the checkpoint whose widths and options it copies
+    real_layers: int  # the original's depth
+    layers: int  # the depth built by default (fewer, to keep a CPU run short)
+    config: dict = field(default_factory=dict)  # AutoConfig.for_model(model_type, **config)
+    pooling: str = "mean"  # sentence-transformers pooling mode of the original
+    normalize: bool = True
+    padding_side: str = "right"  # how sentence-transformers pads a batch of it
+
+    @property
+    def model_type(self) -> str:
+        return self.name
+
+    def describe(self, layers: int | None = None) -> str:
+        c = self.config
+        kv = f", {c['num_key_value_heads']} kv heads" if "num_key_value_heads" in c else ""
+        dim = f", head_dim {c['head_dim']}" if "head_dim" in c else ""
+        return (
+            f"{self.like}-like: hidden {c['hidden_size']}, {c['num_attention_heads']} heads"
+            f"{kv}{dim}, intermediate {c['intermediate_size']}, "
+            f"{layers or self.layers} of {self.real_layers} layers, vocab {c['vocab_size']}, "
+            f"{self.pooling} pooling{' + normalize' if self.normalize else ''}"
+        )
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    spec.name: spec
+    for spec in (
+        FamilySpec(
+            "bert",
+            like="sentence-transformers/all-MiniLM-L6-v2",
+            real_layers=6,
+            layers=6,
+            config=dict(
+                vocab_size=30522,
+                hidden_size=384,
+                num_attention_heads=12,
+                intermediate_size=1536,
+                max_position_embeddings=512,
+                type_vocab_size=2,
+                hidden_act="gelu",
+                layer_norm_eps=1e-12,
+                pad_token_id=0,
+            ),
+        ),
+        FamilySpec(
+            "xlm-roberta",
+            like="intfloat/multilingual-e5-base",
+            real_layers=12,
+            layers=4,
+            # The real vocabulary is 250002 ids (768 MB of float32 embeddings): a small
+            # one keeps memory and load time low and changes nothing in the forward.
+            config=dict(
+                vocab_size=30522,
+                hidden_size=768,
+                num_attention_heads=12,
+                intermediate_size=3072,
+                max_position_embeddings=514,
+                type_vocab_size=1,
+                hidden_act="gelu",
+                layer_norm_eps=1e-5,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+            ),
+        ),
+        FamilySpec(
+            "mpnet",
+            like="sentence-transformers/all-mpnet-base-v2",
+            real_layers=12,
+            layers=4,
+            config=dict(
+                vocab_size=30527,
+                hidden_size=768,
+                num_attention_heads=12,
+                intermediate_size=3072,
+                max_position_embeddings=514,
+                hidden_act="gelu",
+                layer_norm_eps=1e-5,
+                relative_attention_num_buckets=32,
+                pad_token_id=1,
+                bos_token_id=0,
+                eos_token_id=2,
+            ),
+        ),
+        FamilySpec(
+            "modernbert",
+            like="answerdotai/ModernBERT-base",
+            real_layers=22,
+            layers=3,  # layer 0 global, layers 1 and 2 local (global every 3)
+            config=dict(
+                vocab_size=50368,
+                hidden_size=768,
+                num_attention_heads=12,
+                intermediate_size=1152,
+                max_position_embeddings=8192,
+                global_attn_every_n_layers=3,
+                local_attention=128,
+                global_rope_theta=160000.0,
+                local_rope_theta=10000.0,
+                hidden_activation="gelu",
+                norm_eps=1e-5,
+                norm_bias=False,
+                attention_bias=False,
+                mlp_bias=False,
+                pad_token_id=50283,
+                bos_token_id=50281,
+                eos_token_id=50282,
+                cls_token_id=50281,
+                sep_token_id=50282,
+            ),
+        ),
+        FamilySpec(
+            "qwen3",
+            like="Qwen/Qwen3-Embedding-0.6B",
+            real_layers=28,
+            layers=2,
+            # The real vocabulary is 151669 ids (620 MB of float32 embeddings).
+            config=dict(
+                vocab_size=30522,
+                hidden_size=1024,
+                num_attention_heads=16,
+                num_key_value_heads=8,
+                head_dim=128,
+                intermediate_size=3072,
+                max_position_embeddings=32768,
+                hidden_act="silu",
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+                attention_bias=False,
+                tie_word_embeddings=True,
+            ),
+            pooling="lasttoken",
+            padding_side="left",  # Qwen3-Embedding's tokenizer pads on the left
+        ),
+    )
+}
+
+
+def _embedded_tokenizer_dir() -> Path:
+    from sr.models.artifacts import embedded_default_dir
+
+    return embedded_default_dir()
+
+
+def _module_files(folder: Path, spec: FamilySpec, hidden: int) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if spec.normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+        (folder / "2_Normalize").mkdir(exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": spec.pooling == "cls",
+        "pooling_mode_mean_tokens": spec.pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": spec.pooling == "lasttoken",
+        "include_prompt": True,
+    }
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    sbert = {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(sbert, indent=2))
+
+
+def _tokenizer_files(folder: Path, spec: FamilySpec) -> None:
+    source = _embedded_tokenizer_dir()
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copyfile(source / name, folder / name)
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    config["padding_side"] = spec.padding_side
+    config["model_max_length"] = MAX_SEQ_LENGTH
+    config_file.write_text(json.dumps(config, indent=2))
+
+
+def build_config(name: str, *, layers: int | None = None):
+    """The transformers config of family `name` (`layers` overrides the default depth)."""
+    import transformers
+
+    spec = FAMILIES[name]
+    return transformers.AutoConfig.for_model(
+        spec.model_type, num_hidden_layers=layers or spec.layers, **spec.config
+    )
+
+
+def quiet_transformers() -> None:
+    """No progress bars or load reports from transformers between a benchmark's lines."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
+def build_family(name: str, folder: Path, *, layers: int | None = None, seed: int = 0) -> Path:
+    """Write family `name`'s random model (transformers' own init, seeded) into `folder`
+    with `save_pretrained`, a tokenizer and the sentence-transformers module files."""
+    import transformers
+
+    spec = FAMILIES[name]
+    config = build_config(name, layers=layers)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = transformers.AutoModel.from_config(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    _tokenizer_files(folder, spec)
+    _module_files(folder, spec, int(config.hidden_size))
+    return folder
+
+
+def cached_family(name: str, root: Path, *, layers: int | None = None, seed: int = 0) -> Path:
+    """`root/<name>-L<layers>-s<seed>`, built by `build_family` unless a previous run left a
+    complete one there (reruns, and sr serve and the benchmark, share one folder)."""
+    depth = layers or FAMILIES[name].layers
+    folder = Path(root) / f"{name}-L{depth}-s{seed}"
+    if all((folder / f).is_file() for f in ("config.json", "model.safetensors", "modules.json")):
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    build_family(name, partial, layers=depth, seed=seed)
+    partial.rename(folder)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Write one family's random checkpoint under ROOT (reused if there) and "
+        "print its folder."
+    )
+    parser.add_argument("family", choices=sorted(FAMILIES))
+    parser.add_argument("root", type=Path, help="the folder is ROOT/<family>-L<layers>-s<seed>")
+    parser.add_argument("--layers", type=int, default=None, help="default: the family's own")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    quiet_transformers()
+    folder = cached_family(args.family, args.root, layers=args.layers, seed=args.seed)
+    print(f"{FAMILIES[args.family].describe(args.layers)}", file=sys.stderr)
+    print(folder.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
