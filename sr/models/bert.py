@@ -27,7 +27,7 @@ from sr.models.gemm_rows import consistent_linear
 
 
 class _Layer:
-    """One transformer block's weights, query/key/value fused into one projection."""
+    """One transformer block's weights (query/key/value stored as one [3H, H] tensor)."""
 
     __slots__ = (
         "ffn_in_b",
@@ -156,7 +156,10 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
         x = F.pad(x, (0, 0, 0, pad))
     heads, dim = encoder.num_heads, encoder.head_dim
     for layer in encoder.layers:
-        qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+        # Three products joined, not one fused: the fused one ran slower at 1 thread
+        # (as in Qwen3; docs/benchmarks.md), and the join keeps what follows unchanged.
+        parts = zip(layer.qkv_w.split(hidden_size), layer.qkv_b.split(hidden_size), strict=True)
+        qkv = torch.cat([F.linear(x, w, b) for w, b in parts], dim=1)
         q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
         ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
         if pad:

@@ -190,6 +190,10 @@ def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
         return t.view(n, length, t.shape[1], t.shape[2]).transpose(1, 2)
 
     mask = mask_for(length) if mask_for is not None else None
+    if mask is not None and mask.dim() == 3:
+        # [heads, L, L] as [1, heads, L, L]: SDPA's CPU kernel takes its fast path only
+        # for a 4-D mask (measured, MPNet's bias at 122 tokens: 2.46 ms -> 1.04 ms).
+        mask = mask.unsqueeze(0)
     ctx = F.scaled_dot_product_attention(
         rows(q), rows(k), rows(v), attn_mask=mask, is_causal=causal and mask is None,
         scale=scale, enable_gqa=gqa,
