@@ -19,6 +19,7 @@ from sr.models.blocks import (
     PackedEncoder,
     attention,
     head_geometry,
+    linear_in_parts,
     strip_prefix,
     take,
     weights_on,
@@ -156,10 +157,7 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
         x = F.pad(x, (0, 0, 0, pad))
     heads, dim = encoder.num_heads, encoder.head_dim
     for layer in encoder.layers:
-        # Three products joined, not one fused: the fused one ran slower at 1 thread
-        # (as in Qwen3; docs/benchmarks.md), and the join keeps what follows unchanged.
-        parts = zip(layer.qkv_w.split(hidden_size), layer.qkv_b.split(hidden_size), strict=True)
-        qkv = torch.cat([F.linear(x, w, b) for w, b in parts], dim=1)
+        qkv = linear_in_parts(x, layer.qkv_w, layer.qkv_b, 3)
         q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
         ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
         if pad:

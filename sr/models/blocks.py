@@ -82,6 +82,18 @@ def float32_on(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     return weights_on(device, torch.float32)
 
 
+def linear_in_parts(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a fused weight (q/k/v, GeGLU's two halves) as
+    `parts` products over equal row blocks, joined: at 1 thread on this CPU one product per
+    block ran 5-20 % faster than the fused one (bench_families), and the joined result
+    keeps the arithmetic that follows exactly as with the fused product."""
+    weights = weight.chunk(parts)
+    biases = bias.chunk(parts) if bias is not None else (None,) * parts
+    return torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases, strict=True)], dim=-1)
+
+
 def head_geometry(config: dict) -> tuple[int, int, int, float]:
     """(hidden_size, heads, head_dim, scale) of an encoder whose heads split the hidden
     size evenly (BERT, MPNet, ModernBERT; Qwen3 sets head_dim itself)."""

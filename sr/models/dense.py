@@ -132,4 +132,3 @@ def _rowwise(activation, x: torch.Tensor) -> torch.Tensor:
     if not pad:
         return activation(x)
     return activation(F.pad(x, (0, pad)))[..., :width]
-

@@ -31,6 +31,7 @@ from sr.models.blocks import (
     Rotary,
     attention,
     head_geometry,
+    linear_in_parts,
     sliding_window_mask,
     strip_prefix,
     take,
@@ -207,7 +208,7 @@ class ModernBertEncoder(PackedEncoder):
                 if layer.attn_norm is not None
                 else x
             )
-            qkv = F.linear(h, *layer.qkv)
+            qkv = linear_in_parts(h, *layer.qkv, 3)
             q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
             q, k = _rotate(layer.rotary, q, positions), _rotate(layer.rotary, k, positions)
             mask_for = window_masks if layer.window else None
@@ -216,7 +217,7 @@ class ModernBertEncoder(PackedEncoder):
                 ctx = F.pad(ctx, (0, 0, 0, pad))
             x = x + F.linear(ctx, *layer.out)
             h = F.layer_norm(x, (hidden_size,), *layer.mlp_norm, eps)
-            inputs, gate = F.linear(h, *layer.wi).chunk(2, dim=-1)
+            inputs, gate = linear_in_parts(h, *layer.wi, 2).chunk(2, dim=-1)
             x = x + F.linear(self.act(inputs) * gate, *layer.wo)
         x = F.layer_norm(x, (hidden_size,), *self.final_norm, eps)
         return x[:tokens] if pad else x
