@@ -17,7 +17,7 @@ a checkpoint to any request cycle that never waited (a pipelining caller cannot 
 other connections) and writes no answer once the caller hung up; the hop client checks
 for cancellation before it sends a request, and always waits for its worker's answer.
 (A cancel point on every call, trio's `checkpoint_if_cancelled`, cost about 3,000
-instructions each: 1.2 % of the worker's whole `/health` cycle per call, measured with
+instructions each, 1.4 % of the worker's whole `/health` cycle, measured with
 callgrind; docs/benchmarks.md.) Streams that are not sockets fall back to their own
 methods.
 """
