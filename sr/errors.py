@@ -26,12 +26,21 @@
         ├── DeadlineExceeded  504 timeout
         └── VersionNotSupported 505 http_version_not_supported
 
-Workers and the router share the JSON body `{"error": {"code": ..., "message": ...}}`.
+Workers and the router share the JSON body, OpenAI's error shape:
+`{"error": {"code": ..., "message": ..., "type": ..., "param": ...}}`.
+
+`type` is OpenAI's error class: "invalid_request_error" for every 4xx (OpenAI uses it for
+401 and 404 too) and "server_error" for every 5xx. `param` names the request field the error
+is about, or is null: passed explicitly, or else, for the classes that validate request
+fields (InvalidRequest, RequestTooLarge), taken from the message, whose convention is to
+start with the field's path ("input[1][3]: ...", "dimensions: ..."). ModelNotFound is
+always about `model`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import attrs
 
@@ -78,21 +87,55 @@ class ReloadFailed(SrError):
     """The new config could not be brought up; the old one keeps serving."""
 
 
+# A field path at the head of a message: `input`, `input[1]`, `input[0][3]`, `labels.a`,
+# `questions.q.criteria.b`. Not `body` (the whole request is not a parameter).
+_FIELD_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\]|\.[^\s:\[\]]+)*): ")
+
+
+def param_from_message(message: str) -> str | None:
+    """The field path a validation message starts with ("input[1]: ..."), or None."""
+    match = _FIELD_PREFIX.match(message)
+    if match is None or match.group(1) == "body":
+        return None
+    return match.group(1)
+
+
 class RequestError(SrError):
     status: int = 500
     code: str = "internal_error"
+    # True for the classes whose messages start with the offending field's path.
+    names_field: bool = False
+    default_param: str | None = None
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.headers = dict(headers or {})
+        if param is None:
+            param = param_from_message(message) if self.names_field else self.default_param
+        self.param = param
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error type: invalid_request_error for 4xx, server_error for 5xx."""
+        return "server_error" if self.status >= 500 else "invalid_request_error"
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"code": self.code, "message": self.message, "type": self.type, "param": self.param}
 
     def body(self) -> bytes:
-        return json.dumps({"error": {"code": self.code, "message": self.message}}).encode()
+        return json.dumps({"error": self.to_dict()}).encode()
 
 
 class InvalidRequest(RequestError):
     status, code = 400, "invalid_request"
+    names_field = True
 
 
 class InvalidConfig(RequestError):
@@ -109,6 +152,7 @@ class NotFound(RequestError):
 
 class ModelNotFound(RequestError):
     status, code = 404, "model_not_found"
+    default_param = "model"
 
 
 class HeadReadTimeout(RequestError):
@@ -141,6 +185,7 @@ class ReloadUnavailable(ReloadRejected):
 
 class RequestTooLarge(RequestError):
     status, code = 413, "request_too_large"
+    names_field = True
 
 
 class ForwardFailed(RequestError):

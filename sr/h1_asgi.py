@@ -40,7 +40,10 @@ _log = logging.getLogger("sr.http")
 _DISCONNECT = {"type": "http.disconnect"}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _JSON = [(b"content-type", b"application/json")]
-_FAILED = b'{"error":{"code":"internal_error","message":"the router failed to answer"}}'
+_FAILED = (
+    b'{"error":{"code":"internal_error","message":"the router failed to answer",'
+    b'"type":"server_error","param":null}}'
+)
 
 
 class LifespanFailed(Exception):

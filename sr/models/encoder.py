@@ -71,6 +71,7 @@ class EncoderModel:
         # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
         self._pair_tokenizers: dict[int, Tokenizer] = {}  # truncating copies, per limit
         empty = tokenizer.encode("").ids
+        self._prefix = empty[:1]
         self._suffix = empty[1:] if empty else []
         self._min_tokens = len(empty)
 
@@ -100,6 +101,12 @@ class EncoderModel:
                 except UnicodeEncodeError:
                     raise ValueError(f"input {index} is not valid Unicode text") from None
             raise
+
+    def with_special_tokens(self, ids: list[int]) -> list[int]:
+        """A caller's token ids (OpenAI's token-id input) framed by the special tokens the
+        tokenizer puts around every text ([CLS] ids [SEP] for BERT), so that ids of a text
+        give the same row, and the same vector, as the text itself."""
+        return [*self._prefix, *ids, *self._suffix]
 
     def truncate(self, ids: list[int], max_tokens: int) -> list[int]:
         """At most `max_tokens` ids, keeping the closing special token(s) such as [SEP]."""

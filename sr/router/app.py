@@ -35,6 +35,7 @@ from sr.errors import (
     InvalidApiKey,
     InvalidRequest,
     MethodNotAllowed,
+    ModelNotFound,
     NotFound,
     ReloadUnavailable,
     RequestError,
@@ -48,6 +49,7 @@ from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.rewrite import answer_with_public_model, forward_body, parse_native_body
 
 NATIVE_ROUTES = frozenset({"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank"})
+MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"
 _OUTCOME_BY_CODE = {
@@ -164,6 +166,11 @@ class RouterApp:
                     await _method_not_allowed(send, "GET")
                     return
                 await self._get_routes[path](send)
+            elif path.startswith(MODEL_ROUTE_PREFIX):
+                if method not in ("GET", "HEAD"):
+                    await _method_not_allowed(send, "GET")
+                    return
+                await self._model(send, path[len(MODEL_ROUTE_PREFIX) :])
             elif path == "/api/v1/reload":
                 if method != "POST":
                     await _method_not_allowed(send, "POST")
@@ -283,6 +290,31 @@ class RouterApp:
         await send_response(send, 200, self.metrics.render(), content_type=METRICS_CONTENT_TYPE)
 
     async def _models(self, send: Send) -> None:
+        await send_json(send, 200, {"object": "list", "data": self._model_entries()})
+
+    async def _model(self, send: Send, name: str) -> None:
+        """GET /v1/models/{name}: the deployment's entry of GET /v1/models. `name` is a
+        deployment or its artifact, as in a request's `model` (artifacts may hold `/`)."""
+        try:
+            deployment = self._resolve_model(name)
+        except RequestError as error:
+            await send_error(send, error)
+            return
+        for entry in self._model_entries():
+            if entry["id"] == deployment:
+                await send_json(send, 200, entry)
+                return
+        await send_error(send, ModelNotFound(f"model {name!r} is not served here"))
+
+    def _resolve_model(self, name: str) -> str:
+        try:
+            return self.core.resolve(name)
+        except ModelNotFound:
+            if not name.endswith("/") or not name.rstrip("/"):
+                raise
+            return self.core.resolve(name.rstrip("/"))  # a trailing slash, as in a body
+
+    def _model_entries(self) -> list[dict[str, Any]]:
         data = []
         for name, deployment in inventory_view.deployments(self.core.inventory()):
             members = inventory_view.replicas(deployment)
@@ -300,7 +332,7 @@ class RouterApp:
                     "ready": bool(ready),
                 }
             )
-        await send_json(send, 200, {"object": "list", "data": data})
+        return data
 
     async def _reload_route(self, send: Send) -> None:
         if self._reload is None:

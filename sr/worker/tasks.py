@@ -22,7 +22,8 @@ ZERO_SHOT_TEMPERATURE = 0.05
 # Tokenizing more characters than this moves to a helper thread so the event loop stays free.
 _INLINE_TOKENIZE_CHARS = 16_384
 
-_EMBEDDINGS_FIELDS = frozenset({"model", "input", "encoding_format", "user"})
+# Every field OpenAI documents for embeddings; `user` is accepted and not used.
+_EMBEDDINGS_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
 _CLASSIFY_FIELDS = frozenset({"model", "input", "labels"})
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions"})
 _RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
@@ -47,9 +48,25 @@ class Tasks:
             raise InvalidRequest("encoding_format: expected 'float' or 'base64'")
         if "user" in body and not isinstance(body["user"], str):
             raise InvalidRequest("user: expected a string")
-        texts, fields = v.inputs(body["input"])
-        rows, usage = await self._rows(texts, fields)
+        size = self.model.embedding_dim
+        dimensions = None
+        if "dimensions" in body:
+            dimensions = v.positive_int(body["dimensions"], "dimensions")
+            if dimensions > size:
+                raise InvalidRequest(
+                    f"dimensions: {dimensions} exceeds this model's embedding size {size}"
+                )
+        kind, items, fields = v.embedding_inputs(body["input"], self._vocab_size)
+        if kind == "ids":
+            # The caller's ids are the text's tokens; the special tokens go around them
+            # as around a text, and the overflow rule applies to the framed row.
+            framed = [self.model.with_special_tokens(ids) for ids in items]
+            rows, usage = self._limit(framed, fields)
+        else:
+            rows, usage = await self._rows(items, fields)
         vectors = await self.engine.compute("embed", rows)
+        if dimensions is not None and dimensions < size:
+            vectors = [_shorten(vec, dimensions, self.model.normalize) for vec in vectors]
         if encoding == "base64":
             vectors = [_base64_float32(vec) for vec in vectors]
         data = [
@@ -229,7 +246,10 @@ class Tasks:
 
     async def _rows(self, texts: list[str], fields: list[str]) -> tuple[list[list[int]], dict]:
         """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""
-        rows = await self._tokenize(texts)
+        return self._limit(await self._tokenize(texts), fields)
+
+    def _limit(self, rows: list[list[int]], fields: list[str]) -> tuple[list[list[int]], dict]:
+        """Apply the overflow rule per row and account the tokens in `usage`."""
         limit = self.max_input_tokens
         truncated: list[str] = []
         for index, ids in enumerate(rows):
@@ -254,6 +274,9 @@ class Tasks:
                 f"model: {name!r} is not served here; this worker serves {self.artifact!r}"
             )
         return name or self.artifact
+
+    def _vocab_size(self) -> int:
+        return self.model.backbone.vocab_size
 
     async def _tokenize(self, texts: list[str]) -> list[list[int]]:
         if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
@@ -285,6 +308,16 @@ def _softmax(scores: list[float]) -> list[float]:
 def _sigmoids(scores: list[float]) -> list[float]:
     """Each label's own probability (multi-label and single-logit heads)."""
     return [0.5 * (1.0 + math.tanh(0.5 * s)) for s in scores]  # no overflow at any score
+
+
+def _shorten(vector: list[float], dimensions: int, normalize: bool) -> list[float]:
+    """OpenAI's `dimensions`: the first `dimensions` values, back at unit length when the
+    model's vectors are (a checkpoint with a Normalize module); else cut as they are."""
+    head = vector[:dimensions]
+    if not normalize:
+        return head
+    norm = math.sqrt(math.fsum(x * x for x in head))
+    return [x / norm for x in head] if norm > 0.0 else head
 
 
 def _base64_float32(vector: list[float]) -> str:

@@ -5,6 +5,7 @@ Size caps are 413 `request_too_large`; everything else malformed is 400 `invalid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sr.errors import InvalidRequest, RequestTooLarge
@@ -77,6 +78,56 @@ def text_list(value: Any, field: str) -> tuple[list[str], list[str]]:
         raise RequestTooLarge(f"{field}: {len(value)} items; the limit is {MAX_INPUTS} per request")
     fields = [f"{field}[{i}]" for i in range(len(value))]
     return [text(item, where) for item, where in zip(value, fields, strict=True)], fields
+
+
+def embedding_inputs(value: Any, vocab: Callable[[], int]) -> tuple[str, list, list[str]]:
+    """`input` of /v1/embeddings, as OpenAI takes it: a string, a list of strings, one text
+    as token ids (`[int, ...]`) or several (`[[int, ...], ...]`).
+
+    -> ("text", texts, fields) or ("ids", id lists, fields). A list is token ids when its
+    first item is an integer or a list; every id must lie in [0, vocab()) (asked only for
+    token ids)."""
+    if not isinstance(value, list) or not value:
+        texts, fields = inputs(value)
+        return "text", texts, fields
+    first = value[0]
+    if _is_int(first):
+        return "ids", [token_ids(value, "input", vocab(), item="input")], ["input"]
+    if not isinstance(first, list):
+        texts, fields = text_list(value, "input")
+        return "text", texts, fields
+    if len(value) > MAX_INPUTS:
+        raise RequestTooLarge(f"input: {len(value)} items; the limit is {MAX_INPUTS} per request")
+    fields = [f"input[{i}]" for i in range(len(value))]
+    vocab_size = vocab()
+    rows = []
+    for row, field in zip(value, fields, strict=True):
+        if not isinstance(row, list):
+            raise InvalidRequest(f"{field}: expected a list of token ids, got {json_kind(row)}")
+        rows.append(token_ids(row, field, vocab_size, item=field))
+    return "ids", rows, fields
+
+
+def token_ids(value: list, field: str, vocab_size: int, *, item: str) -> list[int]:
+    """A non-empty list of token ids, each in [0, vocab_size); errors name `item[j]`."""
+    if not value:
+        raise InvalidRequest(f"{field}: must not be an empty list of token ids")
+    if len(value) > MAX_INPUT_CHARS:
+        raise RequestTooLarge(f"{field}: {len(value)} token ids; the limit is {MAX_INPUT_CHARS}")
+    for j, token in enumerate(value):
+        if not _is_int(token):
+            raise InvalidRequest(
+                f"{item}[{j}]: expected a token id (integer), got {json_kind(token)}"
+            )
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"{item}[{j}]: token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def positive_int(value: Any, field: str) -> int:

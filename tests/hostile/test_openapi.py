@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
+from sr.errors import InvalidRequest
 from sr.router.app import NATIVE_ROUTES, RouterApp
 from sr.router.cache import ResultCache
 from sr.router.faults import FAULTS_PATH
@@ -31,4 +33,6 @@ def test_every_served_route_is_described():
 def test_error_schema_matches_the_wire_shape():
     error = yaml.safe_load(SPEC.read_text())["components"]["schemas"]["Error"]
     assert error["required"] == ["error"]
-    assert error["properties"]["error"]["required"] == ["code", "message"]
+    assert error["properties"]["error"]["required"] == ["code", "message", "type", "param"]
+    wire = json.loads(InvalidRequest("input[0]: bad").body())["error"]
+    assert set(wire) == set(error["properties"]["error"]["properties"])

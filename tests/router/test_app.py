@@ -140,7 +140,9 @@ async def test_pool_errors_map_to_wire_errors(error, status, code):
     app, _ = build(handler=raising(error))
     answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "hi"})
     assert answer.status == status
-    assert answer.json() == {"error": {"code": code, "message": error.message}}
+    assert answer.json() == {
+        "error": {"code": code, "message": error.message, "type": "server_error", "param": None}
+    }
     if code == "overloaded":
         assert answer.headers["retry-after"] == "1"
     else:
