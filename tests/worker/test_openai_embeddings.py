@@ -22,13 +22,6 @@ def options(model_dir, **kw) -> WorkerOptions:
     return WorkerOptions(artifact=str(model_dir), **kw)
 
 
-@pytest.fixture
-async def worker(tiny_model_dir):
-    async with running(options(tiny_model_dir), golden_check_fn=passing_golden) as service:
-        assert service.state == "ready", service.reason
-        yield service
-
-
 @pytest.fixture(scope="session")
 def unnormalized_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny BERT without its Normalize module."""

@@ -22,13 +22,6 @@ def options(model_dir, **kw) -> WorkerOptions:
 
 
 @pytest.fixture
-async def worker(tiny_model_dir):
-    async with running(options(tiny_model_dir), golden_check_fn=passing_golden) as service:
-        assert service.state == "ready", service.reason
-        yield service
-
-
-@pytest.fixture
 async def head_worker(tiny_head_model_dir):
     async with running(options(tiny_head_model_dir), golden_check_fn=passing_golden) as service:
         assert service.state == "ready", service.reason
