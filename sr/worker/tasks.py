@@ -23,10 +23,12 @@ ZERO_SHOT_TEMPERATURE = 0.05
 _INLINE_TOKENIZE_CHARS = 16_384
 
 # Every field OpenAI documents for embeddings; `user` is accepted and not used.
-_EMBEDDINGS_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
-_CLASSIFY_FIELDS = frozenset({"model", "input", "labels"})
-_DECISIONS_FIELDS = frozenset({"model", "state", "questions"})
-_RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents"})
+_EMBEDDINGS_FIELDS = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "user", "truncate"}
+)
+_CLASSIFY_FIELDS = frozenset({"model", "input", "labels", "truncate"})
+_DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
+_RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents", "truncate"})
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 
 
@@ -61,9 +63,9 @@ class Tasks:
             # The caller's ids are the text's tokens; the special tokens go around them
             # as around a text, and the overflow rule applies to the framed row.
             framed = [self.model.with_special_tokens(ids) for ids in items]
-            rows, usage = self._limit(framed, fields)
+            rows, usage = self._limit(framed, fields, self._overflow(body))
         else:
-            rows, usage = await self._rows(items, fields)
+            rows, usage = await self._rows(items, fields, self._overflow(body))
         vectors = await self.engine.compute("embed", rows)
         if dimensions is not None and dimensions < size:
             vectors = [_shorten(vec, dimensions, self.model.normalize) for vec in vectors]
@@ -82,12 +84,13 @@ class Tasks:
     async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_CLASSIFY_FIELDS, required=("input",))
         model_name = self._served_model(body)
+        overflow = self._overflow(body)
         texts, fields = v.inputs(body["input"])
         if "labels" in body:
             labels = v.text_map(body["labels"], "labels", limit=v.MAX_LABELS)
             keys = list(labels)
             rows, usage = await self._rows(
-                texts + list(labels.values()), fields + [f"labels.{k}" for k in keys]
+                texts + list(labels.values()), fields + [f"labels.{k}" for k in keys], overflow
             )
             vectors = await self.engine.compute("embed", rows)
             label_vectors = vectors[len(texts) :]
@@ -101,7 +104,7 @@ class Tasks:
                 raise InvalidRequest(
                     "labels: required; this model has no classification head of its own"
                 )
-            rows, usage = await self._rows(texts, fields)
+            rows, usage = await self._rows(texts, fields, overflow)
             scores = await self.engine.compute("classify", rows)
         to_probabilities = _softmax
         if "labels" not in body and self.model.head_activation == "sigmoid":
@@ -152,12 +155,13 @@ class Tasks:
             fields.append(query_field)
             texts.extend(criteria.values())
             fields.extend(f"{where}.criteria.{key}" for key in criteria)
-        if self.overflow == "reject" and "state" not in fields:
+        overflow = self._overflow(body)
+        if overflow == "reject" and "state" not in fields:
             # Every query row is instructions + state; a state too long on its own must be
             # named as such, not blamed on the first question's instructions.
             (state_ids,) = await self._tokenize([state])
-            self._check_length(state_ids, "state")
-        rows, usage = await self._rows(texts, fields)
+            self._check_length(state_ids, "state", overflow)
+        rows, usage = await self._rows(texts, fields, overflow)
         vectors = await self.engine.compute("embed", rows)  # every question, one submission
         answers = {}
         for qid, query_row, keys in layout:
@@ -197,7 +201,7 @@ class Tasks:
                 f"this deployment's model is a classifier with {len(labels)} labels; "
                 "/v1/rerank needs a cross-encoder with one relevance output"
             )
-        pairs, usage = await self._pairs(query, documents, fields)
+        pairs, usage = await self._pairs(query, documents, fields, self._overflow(body))
         rows = [ids for ids, _ in pairs]
         logits = await self.engine.compute("rerank", rows, [second for _, second in pairs])
         scores = [_sigmoids(row)[0] for row in logits]
@@ -211,7 +215,7 @@ class Tasks:
         return {"model": model_name, "results": results, "usage": usage}
 
     async def _pairs(
-        self, query: str, documents: list[str], fields: list[str]
+        self, query: str, documents: list[str], fields: list[str], overflow: str
     ) -> tuple[list[tuple[list[int], int]], dict]:
         """Each pair's ids and second-text start, under the overflow rule (a pair over
         the limit is refused, or cut longest text first as sentence-transformers'
@@ -223,11 +227,12 @@ class Tasks:
             pairs = encode(query, documents)
         limit = self.max_input_tokens
         over = [i for i, (ids, _) in enumerate(pairs) if len(ids) > limit]
-        if over and self.overflow == "reject":
+        if over and overflow == "reject":
             i = over[0]
             raise InvalidRequest(
                 f"{fields[i]}: {len(pairs[i][0])} tokens with the query exceed "
-                f"input.max_tokens {limit} (overflow: reject)"
+                f"input.max_tokens {limit} (overflow: reject; send truncate: true to cut it "
+                "instead)"
             )
         if over:
             try:
@@ -244,17 +249,21 @@ class Tasks:
             usage["truncated_inputs"] = [fields[i] for i in over]
         return pairs, usage
 
-    async def _rows(self, texts: list[str], fields: list[str]) -> tuple[list[list[int]], dict]:
+    async def _rows(
+        self, texts: list[str], fields: list[str], overflow: str
+    ) -> tuple[list[list[int]], dict]:
         """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""
-        return self._limit(await self._tokenize(texts), fields)
+        return self._limit(await self._tokenize(texts), fields, overflow)
 
-    def _limit(self, rows: list[list[int]], fields: list[str]) -> tuple[list[list[int]], dict]:
+    def _limit(
+        self, rows: list[list[int]], fields: list[str], overflow: str
+    ) -> tuple[list[list[int]], dict]:
         """Apply the overflow rule per row and account the tokens in `usage`."""
         limit = self.max_input_tokens
         truncated: list[str] = []
         for index, ids in enumerate(rows):
             if len(ids) > limit:
-                self._check_length(ids, fields[index])
+                self._check_length(ids, fields[index], overflow)
                 rows[index] = self.model.truncate(ids, limit)
                 truncated.append(fields[index])
         tokens = sum(map(len, rows))
@@ -275,6 +284,13 @@ class Tasks:
             )
         return name or self.artifact
 
+    def _overflow(self, body: dict[str, Any]) -> str:
+        """The overflow rule for this request: its `truncate` (true: cut, false: refuse)
+        overrides the deployment's `input.overflow`."""
+        if "truncate" not in body:
+            return self.overflow
+        return "truncate" if v.boolean(body["truncate"], "truncate") else "reject"
+
     def _vocab_size(self) -> int:
         return self.model.backbone.vocab_size
 
@@ -283,12 +299,13 @@ class Tasks:
             return await trio.to_thread.run_sync(self.model.tokenize, texts)
         return self.model.tokenize(texts)
 
-    def _check_length(self, ids: list[int], field: str) -> None:
+    def _check_length(self, ids: list[int], field: str, overflow: str) -> None:
         """Under overflow: reject, a row over the limit is the caller's error."""
         limit = self.max_input_tokens
-        if len(ids) > limit and self.overflow == "reject":
+        if len(ids) > limit and overflow == "reject":
             raise InvalidRequest(
-                f"{field}: {len(ids)} tokens exceed input.max_tokens {limit} (overflow: reject)"
+                f"{field}: {len(ids)} tokens exceed input.max_tokens {limit} (overflow: "
+                "reject; send truncate: true to cut it instead)"
             )
 
 
