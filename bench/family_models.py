@@ -188,40 +188,11 @@ def _embedded_tokenizer_dir() -> Path:
 
 
 def _module_files(folder: Path, spec: FamilySpec, hidden: int) -> None:
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-    ]
-    if spec.normalize:
-        modules.append(
-            {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
-            }
-        )
-        (folder / "2_Normalize").mkdir(exist_ok=True)
-    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {
-        "word_embedding_dimension": hidden,
-        "pooling_mode_cls_token": spec.pooling == "cls",
-        "pooling_mode_mean_tokens": spec.pooling == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": spec.pooling == "lasttoken",
-        "include_prompt": True,
-    }
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
-    sbert = {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}
-    (folder / "sentence_bert_config.json").write_text(json.dumps(sbert, indent=2))
+    from sr.models.testing import write_sentence_transformers_modules
+
+    write_sentence_transformers_modules(
+        folder, hidden, MAX_SEQ_LENGTH, pooling=spec.pooling, normalize=spec.normalize
+    )
 
 
 def _tokenizer_files(folder: Path, spec: FamilySpec) -> None:

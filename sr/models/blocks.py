@@ -87,7 +87,8 @@ def linear_in_parts(
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for a fused weight (q/k/v, GeGLU's two halves) as
     `parts` products over equal row blocks, joined: at 1 thread on this CPU one product per
-    block ran 5-20 % faster than the fused one (bench_families), and the joined result
+    block ran faster than the fused one (bench_families: Qwen3 8-22 % on its products,
+    ModernBERT's 120-token text 1.00x -> 0.93x transformers), and the joined result
     keeps the arithmetic that follows exactly as with the fused product."""
     weights = weight.chunk(parts)
     biases = bias.chunk(parts) if bias is not None else (None,) * parts

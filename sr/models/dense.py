@@ -2,9 +2,9 @@
 
 Each module is `activation(x @ weight.T + bias)`, plus `x` (or `x @ residual.weight.T`) with
 `use_residual`, in float32, as sentence_transformers.models.Dense computes it. All rows of a
-batch go through one product; the rows are first padded with zero rows up to the BLAS
-short-matrix cut-off of the module's shape (sr.models.gemm_rows), the padding the backbone
-uses too (PackedEncoder.pad_to_cutoff), so a row gets the same bits alone as in any batch.
+batch go through one product, `gemm_rows.consistent_linear`, which pads them to the BLAS
+short-matrix cut-off of the module's shape (or sums per row for one output), so a row gets
+the same bits alone as in any batch.
 """
 
 from __future__ import annotations
@@ -97,25 +97,19 @@ class DenseStack:
     def __bool__(self) -> bool:
         return bool(self.layers)
 
-    def calibrate(self) -> int:
-        """Rows every product is padded to (the largest cut-off of the modules' shapes) at
-        the current thread count; measured once per count."""
-        cut_offs = [
+    def calibrate(self) -> None:
+        """Measure the short-matrix cut-off of every module's shape at the current thread
+        count (once per count), so that no timed forward pays for it."""
+        for layer in self.layers:
             min_consistent_rows(self.device, layer.spec.in_features, layer.spec.out_features)
-            for layer in self.layers
-        ]
-        return max(cut_offs, default=1)
 
     def __call__(self, pooled: torch.Tensor) -> torch.Tensor:
-        """pooled [n, pooled_size] -> [n, out_features]."""
-        if not self.layers:
-            return pooled
-        rows = pooled.shape[0]
-        pad = self.calibrate() - rows
-        x = F.pad(pooled, (0, 0, 0, pad)) if pad > 0 else pooled
+        """pooled [n, pooled_size] -> [n, out_features]. Each product pads its rows to its
+        own shape's cut-off (consistent_linear), each activation runs on whole vectors."""
+        x = pooled
         for layer in self.layers:
             x = layer(x)
-        return x[:rows] if pad > 0 else x
+        return x
 
 
 # torch's vectorised elementwise loops finish a tensor's last, partial vector with a scalar

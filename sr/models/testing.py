@@ -118,31 +118,36 @@ def write_tiny_bert(
     for name in _TOKENIZER_FILES:
         shutil.copyfile(source / name, folder / name)
 
+    write_sentence_transformers_modules(folder, TINY_HIDDEN, TINY_MAX_POSITIONS)
+    return folder
+
+
+def write_sentence_transformers_modules(
+    folder: Path, hidden: int, max_seq_length: int, *, pooling: str = "mean", normalize: bool = True
+) -> None:
+    """modules.json (Transformer -> Pooling -> [Normalize]), the Pooling config with one
+    mode (`cls`, `mean` or `lasttoken`) and sentence_bert_config.json, as
+    sentence-transformers saves them."""
+    folder = Path(folder)
+    kinds = ["Transformer", "Pooling"] + (["Normalize"] if normalize else [])
+    paths = ["", "1_Pooling", "2_Normalize"]
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
+        {"idx": i, "name": str(i), "path": paths[i], "type": f"sentence_transformers.models.{kind}"}
+        for i, kind in enumerate(kinds)
     ]
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    pooling = {
-        "word_embedding_dimension": TINY_HIDDEN,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
+    for module in modules[1:]:
+        (folder / module["path"]).mkdir(exist_ok=True)
+    config = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
         "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": pooling == "lasttoken",
+        "include_prompt": True,
     }
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
-    sbert = {"max_seq_length": TINY_MAX_POSITIONS, "do_lower_case": False}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=2))
+    sbert = {"max_seq_length": max_seq_length, "do_lower_case": False}
     (folder / "sentence_bert_config.json").write_text(json.dumps(sbert, indent=2))
-    return folder
