@@ -50,7 +50,7 @@ def _serve(tree: str, requests: int, path: str) -> None:
 
     from sr.h1_server import H1Server, open_listeners
 
-    async def handler(method: str, target: str, body: bytes):
+    async def handler(method: str, target: str, body: bytes, *headers):  # either tree's form
         return 200, [(b"content-type", b"application/json")], b'{"status":"ok"}'
 
     async def main() -> None:

@@ -3,7 +3,7 @@
 It exists because hypercorn cost about half a millisecond of CPU per request (bench/
 narrative.md): on the worker that CPU competes with the model's forwards, on the router it
 was most of the hop's overhead. The worker's handler is called directly,
-`handler(method, path, body)`; the router's front end is an ASGI app, served through
+`handler(method, path, body, headers)`; the router's front end is an ASGI app, served through
 `adapter=sr.h1_asgi.AsgiAdapter(app)` (streamed body, `http.disconnect` when the caller
 hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
@@ -61,7 +61,8 @@ from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head
 from sr.http_limits import HttpLimits
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
-Handler = Callable[[str, str, bytes], Awaitable[Response]]
+# (method, path, body, the request's headers: lower-case names, in arrival order)
+Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Response]]
 
 
 class Adapter(Protocol):
@@ -92,7 +93,7 @@ class PeerGone(Exception):
 
 
 class H1Server:
-    """Serves `handler(method, path, body) -> (status, headers, body)`, or an app through
+    """Serves `handler(method, path, body, headers) -> (status, headers, body)`, or an app through
     an adapter (`adapter=sr.h1_asgi.AsgiAdapter(app)`, with its lifespan), on trio listeners.
 
     `after_answer()` runs once each answer has been written (the worker's `exit` fault).
@@ -350,7 +351,9 @@ class Connection:
             hang_ups = self.server.hang_ups
             hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
         try:
-            status, headers, payload = await self.server.handler(method, path, body)
+            status, headers, payload = await self.server.handler(
+                method, path, body, request.headers
+            )
         except Exception:
             _log.exception("handler failed on %s %s", method, path)
             error = RequestError("the worker failed to answer")

@@ -21,8 +21,9 @@ class Echo:
         self.calls: list[tuple[str, str, bytes]] = []
         self.slow_s = slow_s
 
-    async def __call__(self, method: str, path: str, body: bytes):
+    async def __call__(self, method: str, path: str, body: bytes, headers=()):
         self.calls.append((method, path, body))
+        self.headers = list(headers)
         if path == "/boom":
             raise RuntimeError("handler bug")
         if path.startswith("/slow"):
@@ -231,7 +232,7 @@ async def test_a_handler_that_finishes_after_its_caller_hung_up_is_not_answered(
     # no cancel points, so the server checks).
     finished = trio.Event()
 
-    async def shielded(method, path, body):
+    async def shielded(method, path, body, headers):
         with trio.CancelScope(shield=True):
             await trio.sleep(0.3)
         finished.set()
@@ -386,7 +387,7 @@ async def test_expect_100_continue_is_answered_before_the_body_is_read(serve):
 
 
 async def test_a_handler_header_that_would_inject_a_line_is_a_500(serve):
-    async def injecting(method, path, body):
+    async def injecting(method, path, body, headers):
         if path == "/bad":
             return 200, [(b"x-a", b"v\r\nset-cookie: evil=1")], b"{}"
         return 200, JSON, b"{}"
@@ -421,3 +422,14 @@ async def test_a_pipelining_caller_cannot_starve_other_connections(serve):
             polite.close()
         order = [path for _, path, _ in handler.calls]
         assert order.index("/polite") < 10, order[:12]
+
+
+async def test_the_handler_gets_the_request_headers(serve):
+    echo = Echo()
+    running = await serve(echo)
+    stream = await running.connect()
+    await stream.send_all(request("/x", b"{}", extra="X-Request-Id: abc\r\n"))
+    (answer,) = await read_answers(stream, 1)
+    assert answer[0] == 200
+    assert (b"x-request-id", b"abc") in echo.headers
+    await stream.aclose()

@@ -134,6 +134,10 @@ class Listener:
     host: str = "127.0.0.1"
     port: int = 8899
     api_keys: list[str] = attrs.Factory(list)
+    # Origins allowed to call from a browser (sr.router.cors); empty: CORS off.
+    cors_allow_origins: list[str] = attrs.field(
+        factory=list, metadata={"omit_if_default": True}
+    )
 
 
 @attrs.define

@@ -319,3 +319,29 @@ def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
         for j, key in enumerate(listener.api_keys):
             if not key.strip():
                 issues.append(ConfigIssue(f"{path}.api_keys[{j}]", "api keys must not be empty"))
+        for j, origin in enumerate(listener.cors_allow_origins):
+            why = _origin_problem(origin)
+            if why is not None:
+                issues.append(ConfigIssue(f"{path}.cors_allow_origins[{j}]", why))
+
+
+def _origin_problem(origin: str) -> str | None:
+    """Why `origin` is not "*" or a browser origin (scheme://host[:port]), or None."""
+    if origin == "*":
+        return None
+    parts = urlsplit(origin)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
+        return f"expected \"*\" or an origin like https://app.example.com[:port], got {origin!r}"
+    return None

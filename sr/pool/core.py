@@ -79,12 +79,18 @@ class RouterCore:
         raise ModelNotFound(f"model {model!r} is not served here; known: {sorted(self.pools)}")
 
     async def request_raw(
-        self, deployment: str, path: str, body: bytes, *, timeout_s: float | None = None
+        self,
+        deployment: str,
+        path: str,
+        body: bytes,
+        *,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
     ) -> Reply:
         pool = self.pools.get(deployment)
         if pool is None:
             raise ModelNotFound(f"deployment {deployment!r} does not exist")
-        return await pool.request_raw(path, body, timeout_s)
+        return await pool.request_raw(path, body, timeout_s, request_id)
 
     async def request(
         self, model: str, path: str, payload: dict, *, timeout_s: float | None = None

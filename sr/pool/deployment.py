@@ -68,7 +68,9 @@ class DeploymentPool:
         self._poke.set()
 
     # -- dispatch -------------------------------------------------------------------
-    async def request_raw(self, path: str, body: bytes, timeout_s: float | None) -> Reply:
+    async def request_raw(
+        self, path: str, body: bytes, timeout_s: float | None, request_id: str | None = None
+    ) -> Reply:
         """Dispatch one request. A worker that gave no HTTP answer at all (it died, or its
         connection broke) is retried once on another replica within the same deadline:
         inference is idempotent, and the caller would otherwise see the crash."""
@@ -77,19 +79,21 @@ class DeploymentPool:
         if self.config.timeout_ms is not None:
             deadline = min(deadline, now + self.config.timeout_ms / 1000)
         try:
-            return await self._attempt(path, body, deadline)
+            return await self._attempt(path, body, deadline, request_id)
         except _NoAnswer as first:
             if trio.current_time() >= deadline:
                 raise first.error from None
             try:
-                return await self._attempt(path, body, deadline)
+                return await self._attempt(path, body, deadline, request_id)
             except _NoAnswer as second:
                 raise second.error from None
             except (Unavailable, Overloaded):
                 # Nothing else could take it: the crash is the truer answer.
                 raise first.error from None
 
-    async def _attempt(self, path: str, body: bytes, deadline: float) -> Reply:
+    async def _attempt(
+        self, path: str, body: bytes, deadline: float, request_id: str | None
+    ) -> Reply:
         res = self.policy.reserve(len(body), trio.current_time())
         rec = res.record
         runner = self.runners.get(rec.id)
@@ -101,7 +105,9 @@ class DeploymentPool:
                 raise Unavailable(f"replica {rec.id} of {self.name!r} has no connection")
             with trio.move_on_at(deadline) as scope:
                 try:
-                    status, headers, payload = await transport.exchange("POST", path, body)
+                    status, headers, payload = await transport.exchange(
+                        "POST", path, body, request_id=request_id
+                    )
                 except TransportError as error:
                     outcome = Outcome.FAILED
                     raise _NoAnswer(

@@ -85,11 +85,13 @@ class Http1Pool:
         self.connections_opened = 0  # for tests and benchmarks: reuse is observable
 
     async def request(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
+        """One exchange. `request_id` (visible ASCII, checked by the router's front end)
+        travels as `x-request-id`, so the worker's log lines and errors carry it."""
         if self._closed:
             raise Http1Error("client is closed")
-        wire = self._request_bytes(method, path, body)
+        wire = self._request_bytes(method, path, body, request_id)
         conn, reused = await self._checkout()
         try:
             # sockio's calls are no cancel points: a dispatch cancelled by now (its caller
@@ -115,7 +117,9 @@ class Http1Pool:
             conn.close()
         return status, headers, body
 
-    def _request_bytes(self, method: str, path: str, body: bytes) -> bytes:
+    def _request_bytes(
+        self, method: str, path: str, body: bytes, request_id: str | None = None
+    ) -> bytes:
         prefix = self._heads.get((method, path))
         if prefix is None:
             if not _TOKEN.fullmatch(method.encode("ascii", "replace")):
@@ -126,6 +130,8 @@ class Http1Pool:
                 method.encode(), path.encode(), self._host_header)  # fmt: skip
             if len(self._heads) < _HEAD_CACHE_SIZE:
                 self._heads[(method, path)] = prefix
+        if request_id is not None:
+            prefix = b"%sx-request-id: %s\r\n" % (prefix, request_id.encode("ascii"))
         if body:
             return b"%scontent-length: %d\r\ncontent-type: application/json\r\n\r\n%s" % (
                 prefix, len(body), body)  # fmt: skip

@@ -27,7 +27,7 @@ class TransportError(Exception):
 
 class Transport(Protocol):
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -45,9 +45,9 @@ class HttpTransport:
             self._inner = HttpxTransport(base_url=base_url)
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        return await self._inner.exchange(method, path, body)
+        return await self._inner.exchange(method, path, body, request_id=request_id)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -58,10 +58,10 @@ class Http1Transport:
         self.pool = pool
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
         try:
-            return await self.pool.request(method, path, body)
+            return await self.pool.request(method, path, body, request_id=request_id)
         except Http1Error as error:
             raise TransportError(str(error)) from error
 
@@ -80,11 +80,14 @@ class HttpxTransport:
         )
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
+        headers = dict(JSON_HEADERS) if body else {}
+        if request_id is not None:
+            headers["x-request-id"] = request_id
         try:
             response = await self._client.request(
-                method, path, content=body or None, headers=JSON_HEADERS if body else None
+                method, path, content=body or None, headers=headers or None
             )
         except httpx.HTTPError as error:
             raise TransportError(f"{type(error).__name__}: {error}".rstrip(": ")) from error
@@ -99,9 +102,11 @@ class InProcessTransport:
         self._service = service
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        status, headers, payload = await self._service.handle(method, path, body)
+        status, headers, payload = await self._service.handle(
+            method, path, body, request_id=request_id
+        )
         return status, _header_dict(headers), payload
 
     async def aclose(self) -> None:

@@ -90,7 +90,7 @@ def parse_fault_request(raw: bytes) -> FaultRequest:
 
 class _Transport(Protocol):
     async def exchange(
-        self, method: str, path: str, body: bytes = b""
+        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]: ...
 
 

@@ -25,6 +25,32 @@ from sr.worker.service import WorkerService
 WORKER_HTTP_LIMITS = HttpLimits()
 
 
+REQUEST_ID_HEADER = b"x-request-id"
+MAX_REQUEST_ID_CHARS = 128
+
+
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The caller's `x-request-id` when it is 1-128 visible ASCII characters (the router
+    checks and sends it so; a direct caller's odd value is ignored, not refused)."""
+    for name, value in headers:
+        if name == REQUEST_ID_HEADER:
+            text = value.decode("latin-1")
+            if 0 < len(text) <= MAX_REQUEST_ID_CHARS and all("!" <= c <= "~" for c in text):
+                return text
+            return None
+    return None
+
+
+def handler_for(service: WorkerService):
+    """The H1Server handler: the service's `handle`, told the caller's request id."""
+    handle = service.handle
+
+    async def handler(method: str, path: str, body: bytes, headers) -> tuple:
+        return await handle(method, path, body, request_id_of(headers))
+
+    return handler
+
+
 def answer_then_exit(service: WorkerService):
     """After each answer is written: the `exit` fault ends the process right there."""
 
@@ -77,7 +103,7 @@ async def serve_worker(
     if uds is not None:
         prepare_uds(uds)
     server = H1Server(
-        service.handle,
+        handler_for(service),
         WORKER_HTTP_LIMITS,
         after_answer=answer_then_exit(service),
     )

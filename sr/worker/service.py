@@ -216,7 +216,9 @@ class WorkerService:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def handle(self, method: str, path: str, body: bytes) -> Response:
+    async def handle(
+        self, method: str, path: str, body: bytes, request_id: str | None = None
+    ) -> Response:
         route = self._routes.get(path)
         if route is None:
             if path == "/admin/faults" and self.options.fault_injection:

@@ -25,7 +25,7 @@ class FakeTransport:
         self.hang = hang
         self.calls: list[tuple[str, str, bytes]] = []
 
-    async def exchange(self, method, path, body=b""):
+    async def exchange(self, method, path, body=b"", request_id=None):
         self.calls.append((method, path, body))
         if self.hang:
             await trio.sleep_forever()

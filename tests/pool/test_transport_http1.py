@@ -87,6 +87,21 @@ async def test_reuses_one_connection_for_sequential_requests(serve):
     await pool.aclose()
 
 
+async def test_a_request_id_travels_as_a_header_and_only_with_its_request(serve):
+    server, path = await serve(keep_alive_ok)
+    pool = Http1Pool(uds=path)
+    await pool.request("POST", "/v1/embeddings", b"{}", request_id="req-1")
+    await pool.request("POST", "/v1/embeddings", b"{}")
+    transport = HttpTransport(uds=path)
+    await transport.exchange("GET", "/health", request_id="req-2")
+    await transport.aclose()
+    first, second, third = (request.split(b"\r\n\r\n")[0] for request in server.requests)
+    assert b"\r\nx-request-id: req-1\r\n" in first + b"\r\n"
+    assert b"x-request-id" not in second  # the cached request line does not keep it
+    assert b"\r\nx-request-id: req-2" in third
+    await pool.aclose()
+
+
 async def test_concurrent_requests_open_separate_connections_then_reuse_them(serve):
     async def slow_ok(stream, server):
         while await server.read_request(stream) is not None:

@@ -34,7 +34,7 @@ class Worker:
         self.cancelled: list[str] = []
         self.started = trio.Event()
 
-    async def __call__(self, method: str, path: str, body: bytes):
+    async def __call__(self, method: str, path: str, body: bytes, headers=()):
         self.calls.append((method, path, body))
         if path == "/slow":
             self.started.set()
