@@ -51,7 +51,7 @@ class InstantCore:
     def resolve(self, model: str) -> str:
         return "primary"
 
-    async def request_raw(self, deployment, path, body, timeout_s=None):
+    async def request_raw(self, deployment, path, body, timeout_s=None, request_id=None):
         await trio.lowlevel.checkpoint()
         return _Reply(200, {}, ANSWER, "primary-0")
 

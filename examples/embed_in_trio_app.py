@@ -1,16 +1,19 @@
-"""Embed the sr router in your own Trio program (SPEC section 9).
+"""Embed the sr router in your own Trio program (docs/python-api.md).
 
     python examples/embed_in_trio_app.py                 # embedded MiniLM on cpu
     python examples/embed_in_trio_app.py /path/to/model  # any local model folder
     python examples/embed_in_trio_app.py --in-process    # no child processes
+    python examples/embed_in_trio_app.py --serve         # also serve HTTP meanwhile
 
-The router starts and supervises the workers; leaving the `async with` block drains and
-stops them.
+The router starts and supervises the workers; leaving the `async with` block (or
+`shutdown()` of what `sr.serve` started) drains and stops them. Type-checked with
+`mypy --strict` (tests/test_python_api.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -24,35 +27,70 @@ except ImportError:  # running from a checkout that is not installed
 
 import trio
 
-from sr.config.schema import default_config
+from sr.config.schema import SrConfig, default_config
+from sr.errors import InvalidRequest
+
+SENTENCES = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock prices fell."]
 
 
-def cosine(a: list[float], b: list[float]) -> float:
+def cosine(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-async def main(model: str | None, in_process: bool) -> None:
-    config = default_config()
+async def use(router: sr.RouterCore) -> None:
+    """What a program does with the pool, whichever way it was started."""
+    await router.wait_ready(timeout_s=300)
+    embeddings = await router.embed("primary", SENTENCES)
+    print(f"{len(embeddings.vectors)} embeddings of dimension {len(embeddings.vectors[0])}")
+    print(f"model {embeddings.model}, {embeddings.usage.prompt_tokens} tokens")
+    for i in (1, 2):
+        similarity = cosine(embeddings.vectors[0], embeddings.vectors[i])
+        print(f"cosine({SENTENCES[0]!r}, {SENTENCES[i]!r}) = {similarity:.3f}")
+    short = await router.embed("primary", SENTENCES[0], dimensions=64)
+    print(f"dimensions=64: {len(short.vectors[0])} values")
+
+    topics = {"animals": "a text about animals", "finance": "a text about money and markets"}
+    classified = await router.classify("primary", SENTENCES, labels=topics)
+    for text, result in zip(SENTENCES, classified.results, strict=True):
+        print(f"{text!r}: {result.label} ({result.probabilities[result.label]:.2f})")
+
+    question = sr.Question(
+        criteria={"refund": "the customer wants money back", "praise": "the customer is happy"}
+    )
+    decided = await router.decide("primary", "I want my money back!", {"intent": question})
+    intent = decided.answers["intent"]
+    print(f"intent: {intent.choice} (confidence {intent.confidence:.2f})")
+
+    try:  # MiniLM embeds; reranking needs a cross-encoder deployment
+        await router.rerank("primary", "cats", SENTENCES)
+    except InvalidRequest as error:
+        print(f"rerank refused ({error.status} {error.code}): {error.message}")
+
+    replica = router.inventory()["deployments"]["primary"]["replicas"][0]
+    print(json.dumps({k: replica[k] for k in ("id", "device", "state", "threads", "pid")}))
+
+
+async def main(model: str | None, in_process: bool, serve_http: bool) -> None:
+    config: SrConfig = default_config()
     if model is not None:
         config.deployments["primary"].artifact = str(Path(model).resolve())
-    async with sr.open_router(config, in_process=in_process) as router:
-        await router.wait_ready(timeout_s=300)
-        sentences = ["A cat sits on the mat.", "A kitten rests on a rug.", "Stock prices fell."]
-        answer = await router.request("primary", "/v1/embeddings", {"input": sentences})
-        vectors = [row["embedding"] for row in answer["data"]]
-        print(f"{len(vectors)} embeddings of dimension {len(vectors[0])}")
-        for i in (1, 2):
-            print(
-                f"cosine({sentences[0]!r}, {sentences[i]!r}) = {cosine(vectors[0], vectors[i]):.3f}"
-            )
-        replica = router.inventory()["deployments"]["primary"]["replicas"][0]
-        print(json.dumps({k: replica[k] for k in ("id", "device", "state", "threads", "pid")}))
+    if not serve_http:
+        async with sr.open_router(config, in_process=in_process) as router:
+            await use(router)
+        return
+    async with trio.open_nursery() as nursery:
+        start = functools.partial(sr.serve, config, port=0, in_process=in_process)
+        server: sr.ServingRouter = await nursery.start(start)
+        print(f"serving on {server.url} (curl {server.url}/v1/models)")
+        await use(server.core)
+        server.shutdown()  # graceful: in-flight requests finish, then the workers stop
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("model", nargs="?", help="a local model folder (default: MiniLM)")
     parser.add_argument("--in-process", action="store_true", help="run the worker in-process")
+    parser.add_argument("--serve", action="store_true", help="also serve HTTP on a free port")
     args = parser.parse_args()
-    trio.run(main, args.model, args.in_process)
+    trio.run(main, args.model, args.in_process, args.serve)

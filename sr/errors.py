@@ -11,6 +11,7 @@
         ├── InvalidRequest    400 invalid_request
         ├── InvalidConfig     400 invalid_config (POST /api/v1/reload)
         ├── InvalidApiKey     401 invalid_api_key
+        ├── Forbidden         403 forbidden (a CORS preflight from an origin not allowed)
         ├── NotFound          404 not_found (no such route)
         ├── ModelNotFound     404 model_not_found
         ├── ReplicaNotFound   404 replica_not_found (POST /api/v1/faults)
@@ -27,7 +28,8 @@
         └── VersionNotSupported 505 http_version_not_supported
 
 Workers and the router share the JSON body, OpenAI's error shape:
-`{"error": {"code": ..., "message": ..., "type": ..., "param": ...}}`.
+`{"error": {"code": ..., "message": ..., "type": ..., "param": ..., "request_id": ...}}`,
+`request_id` present while a request is being answered (sr.request_id).
 
 `type` is OpenAI's error class: "invalid_request_error" for every 4xx (OpenAI uses it for
 401 and 404 too) and "server_error" for every 5xx. `param` names the request field the error
@@ -43,6 +45,8 @@ import json
 import re
 
 import attrs
+
+from sr.request_id import current as current_request_id
 
 
 class SrError(Exception):
@@ -127,7 +131,16 @@ class RequestError(SrError):
         return "server_error" if self.status >= 500 else "invalid_request_error"
 
     def to_dict(self) -> dict[str, str | None]:
-        return {"code": self.code, "message": self.message, "type": self.type, "param": self.param}
+        answer = {
+            "code": self.code,
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+        }
+        request_id = current_request_id.get()
+        if request_id is not None:
+            answer["request_id"] = request_id
+        return answer
 
     def body(self) -> bytes:
         return json.dumps({"error": self.to_dict()}).encode()
@@ -144,6 +157,10 @@ class InvalidConfig(RequestError):
 
 class InvalidApiKey(RequestError):
     status, code = 401, "invalid_api_key"
+
+
+class Forbidden(RequestError):
+    status, code = 403, "forbidden"
 
 
 class NotFound(RequestError):

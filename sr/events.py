@@ -1,8 +1,13 @@
-"""Structured events: one JSON object per line, plus in-process listeners.
+"""Structured events: one log record per event, plus in-process listeners.
 
 The pool and the router describe what happens as named events (`replica_ready`,
-`replica_ejected`, ...). An `EventSink` writes each as one JSON log line and hands it to
-listeners, which is how metrics are fed without the pool knowing about Prometheus.
+`replica_ejected`, ...). An `EventSink` logs each on `sr.events` and hands it to listeners,
+which is how metrics are fed without the pool knowing about Prometheus.
+
+Every event record carries its structured line (`{"ts", "event", **fields}`) as the record
+attribute named by LINE_ATTR, so a log formatter (sr.router.logs) renders it as JSON or as
+text without parsing anything; the record's message is that line as JSON, for readers that
+only see messages (pytest's caplog).
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 Listener = Callable[[str, dict[str, Any]], None]
+
+# The LogRecord attribute holding a record's structured line (a dict with at least "ts").
+LINE_ATTR = "sr_line"
+# Set (True) on a record relayed from a worker's stderr (sr.pool.worker_log).
+WORKER_ATTR = "sr_worker"
 
 _log = logging.getLogger("sr.events")
 
@@ -28,8 +38,9 @@ class EventSink:
 
     def emit(self, event: str, **fields: Any) -> None:
         if self._log and _log.isEnabledFor(logging.INFO):
-            record = {"ts": round(time.time(), 3), "event": event, **fields}
-            _log.info(json.dumps(record, default=str, separators=(",", ":")))
+            line = {"ts": round(time.time(), 3), "event": event, **fields}
+            message = json.dumps(line, default=str, separators=(",", ":"))
+            _log.info(message, extra={LINE_ATTR: line})
         for listener in self._listeners:
             listener(event, fields)
 

@@ -3,6 +3,7 @@
     sr serve [MODEL] [-e|--engine] [--platform auto|cpu|cuda|rocm] [-dp N]
              [--device-ids IDS] [--config FILE] [--host H] [--port P] [--threads N]
              [--dtype float32|bfloat16|float16] [--dry-run] [--download]
+             [--log-format text|json] [--access-log]
 
 The config file is the only state: flags are applied to it (creating the default config
 when the file is missing), the result is validated, and only then written, atomically and
@@ -16,6 +17,10 @@ deployment, like MODEL: an engine arg of the config, not a run-time setting.
 Hugging Face artifact of a managed deployment that does not resolve offline
 (sr.models.download); a failed download is one `startup failed` line, exit status 1, with
 the file left as it was. Without it sr never downloads. `--dry-run` downloads nothing.
+
+`--log-format` is the one log setting (default: SR_LOG_FORMAT, else text when stderr is a
+terminal, json otherwise; sr.router.logs); `--access-log` adds one log line per request.
+Neither is written to the config: they are about this process, not about what it serves.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
 from sr.config.schema import DTYPES, MAX_REPLICAS, SrConfig, default_config
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, UsageError
+from sr.router.logs import LOG_FORMATS, resolve_log_format
 
 PROG = "sr serve"
 
@@ -62,6 +68,12 @@ def _parser() -> OneLineArgumentParser:
         action="store_true",
         help="fetch missing Hugging Face artifacts into the hub cache before starting",
     )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="stderr log lines (default: SR_LOG_FORMAT, else text on a terminal, json otherwise)",
+    )
+    p.add_argument("--access-log", action="store_true", help="log one line per request")
     return p
 
 
@@ -91,6 +103,7 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.host is not None and not args.host.strip():
             raise UsageError("argument --host: must not be empty")
+        log_format = resolve_log_format(args.log_format, env, sys.stderr)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
 
@@ -152,4 +165,12 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         return 1
     # Capped like VLLM_SRUN_CPU_THREADS: more threads than CPUs only oversubscribes them.
     threads = None if args.threads is None else min(args.threads, cpu_budget())
-    return run_sr_serve(new, config_path=path, host=args.host, port=args.port, threads=threads)
+    return run_sr_serve(
+        new,
+        config_path=path,
+        host=args.host,
+        port=args.port,
+        threads=threads,
+        log_format=log_format,
+        access_log=args.access_log,
+    )

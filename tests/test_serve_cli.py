@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import types
 
@@ -22,10 +23,11 @@ def router(monkeypatch):
     calls = []
     module = types.ModuleType("sr.router.serve")
 
-    def run_sr_serve(config, *, config_path, host, port, threads):
+    def run_sr_serve(config, *, config_path, host, port, threads, log_format, access_log):
         calls.append(
-            {"config": config, "path": config_path, "host": host, "port": port, "t": threads}
-        )
+            {"config": config, "path": config_path, "host": host, "port": port, "t": threads,
+             "log_format": log_format, "access_log": access_log}
+        )  # fmt: skip
         return 0
 
     module.run_sr_serve = run_sr_serve
@@ -60,6 +62,24 @@ def test_missing_config_is_created_and_handed_to_the_router(tmp_path, router):
 def test_router_defaults_are_none(tmp_path, router):
     assert serve(tmp_path / "c.yaml") == 0
     assert (router[0]["host"], router[0]["port"], router[0]["t"]) == (None, None, None)
+
+
+def test_log_format_and_access_log_reach_the_router_and_not_the_config(
+    tmp_path, router, monkeypatch
+):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: json by default
+    path = tmp_path / "c.yaml"
+    assert serve(path) == 0
+    assert serve(path, "--log-format", "text", "--access-log") == 0
+    assert serve(path, env={**CPU_HOST, "SR_LOG_FORMAT": "text"}) == 0
+    assert serve(path, "--log-format", "json", env={**CPU_HOST, "SR_LOG_FORMAT": "text"}) == 0
+    assert [(c["log_format"], c["access_log"]) for c in router] == [
+        ("json", False),  # the access log is off unless asked for
+        ("text", True),
+        ("text", False),
+        ("json", False),
+    ]
+    assert path.read_text() == dump_config(default_config())
 
 
 def test_default_config_path_is_the_working_directory(tmp_path, monkeypatch, router):
@@ -152,6 +172,16 @@ USAGE_CASES = [
     (["--port", "70000"], {}, "sr serve: error: argument --port: must be 0..65535, got 70000"),
     (["--threads", "0"], {}, "sr serve: error: argument --threads: must be 1 or more, got 0"),
     (["--host", ""], {}, "sr serve: error: argument --host: must not be empty"),
+    (
+        ["--log-format", "xml"],
+        {},
+        "sr serve: error: argument --log-format: invalid choice: 'xml' (choose from ...",
+    ),
+    (
+        [],
+        {"SR_LOG_FORMAT": "xml"},
+        "sr serve: error: SR_LOG_FORMAT: must be text or json, got 'xml'",
+    ),
     (
         ["--device-ids", "0,0"],
         ROCM_HOST,

@@ -135,9 +135,7 @@ class Listener:
     port: int = 8899
     api_keys: list[str] = attrs.Factory(list)
     # Origins allowed to call from a browser (sr.router.cors); empty: CORS off.
-    cors_allow_origins: list[str] = attrs.field(
-        factory=list, metadata={"omit_if_default": True}
-    )
+    cors_allow_origins: list[str] = attrs.field(factory=list, metadata={"omit_if_default": True})
 
 
 @attrs.define

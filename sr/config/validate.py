@@ -343,5 +343,5 @@ def _origin_problem(origin: str) -> str | None:
         or parts.fragment
         or parts.username is not None
     ):
-        return f"expected \"*\" or an origin like https://app.example.com[:port], got {origin!r}"
+        return f'expected "*" or an origin like https://app.example.com[:port], got {origin!r}'
     return None

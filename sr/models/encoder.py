@@ -143,15 +143,19 @@ class EncoderModel:
         self.dense.calibrate()  # the Dense modules' shapes have cut-offs of their own
         return self.backbone.calibrate()
 
-    def embed(self, batch: list[list[int]]) -> torch.Tensor:
-        """float32 [n, embedding_dim] on the CPU: pooled, normalised if the checkpoint says so."""
+    def embed(self, batch: list[list[int]], *, normalize: bool | None = None) -> torch.Tensor:
+        """float32 [n, embedding_dim] on the CPU: pooled, normalised if the checkpoint says so.
+        `normalize=False` stops before the checkpoint's Normalize module (the vector TEI
+        returns for `normalize: false`); True normalises whatever the checkpoint says."""
+        if normalize is None:
+            normalize = self.normalize
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
             # Pooled and normalised in float32 whatever dtype the backbone computes in.
             hidden = hidden.float()
             return pool(
-                hidden, packed.lengths, self.pooling_modes, self.normalize, self.dense or None
+                hidden, packed.lengths, self.pooling_modes, normalize, self.dense or None
             ).cpu()
 
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:

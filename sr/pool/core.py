@@ -13,20 +13,16 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
-from sr.config.schema import SrConfig
-from sr.errors import (
-    InvalidRequest,
-    ModelNotFound,
-    ReloadFailed,
-    RequestTooLarge,
-    StartupFailed,
-)
+from sr import api, api_codec
+from sr.config.schema import Deployment, SrConfig
+from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
 from sr.events import EventSink
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.durations import ready_timeout_s
@@ -36,11 +32,21 @@ from sr.pool.record import ReplicaRecord
 from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
+from sr.pool.transport import Transport, TransportError
 from sr.private_folder import ensure_private_folder
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
-_ERROR_BY_STATUS = {404: ModelNotFound, 413: RequestTooLarge}
+
+
+@attrs.frozen
+class ReplicaScrape:
+    """One replica's answer to GET /metrics: its Prometheus text, or None when it gave
+    no 200 within the scrape's timeout."""
+
+    deployment: str
+    replica: str
+    text: str | None
 
 
 class RouterCore:
@@ -65,7 +71,7 @@ class RouterCore:
         self._reload_lock = trio.Lock()
 
     @property
-    def deployments(self):
+    def deployments(self) -> dict[str, Deployment]:
         return self.config.deployments
 
     # -- requests -------------------------------------------------------------------
@@ -93,31 +99,147 @@ class RouterCore:
         return await pool.request_raw(path, body, timeout_s, request_id)
 
     async def request(
-        self, model: str, path: str, payload: dict, *, timeout_s: float | None = None
-    ) -> dict:
+        self, model: str, path: str, payload: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Any JSON route of the workers, untyped; the typed helpers below for the four."""
         name = self.resolve(model)
         body = dict(payload)
         body.setdefault("model", self.pools[name].config.artifact)
         reply = await self.request_raw(name, path, json.dumps(body).encode(), timeout_s=timeout_s)
         if reply.status >= 400:
-            error_class = _ERROR_BY_STATUS.get(reply.status, InvalidRequest)
-            raise error_class(_worker_message(reply.body))
-        return json.loads(reply.body)
+            raise api_codec.error_from_answer(reply.status, reply.headers, reply.body)
+        answer: dict[str, Any] = json.loads(reply.body)
+        return answer
+
+    # -- typed helpers: results in sr.api, bodies/answers/errors in sr.api_codec -------
+    async def embed(
+        self,
+        deployment: str,
+        texts: str | Sequence[str],
+        *,
+        dimensions: int | None = None,
+        truncate: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> api.Embeddings:
+        """One vector per text (/v1/embeddings); `dimensions` keeps the first ones."""
+        body = api_codec.embeddings_body(texts, dimensions=dimensions, truncate=truncate)
+        name, answer = await self._answer(deployment, "/v1/embeddings", body, timeout_s)
+        count = 1 if isinstance(texts, str) else len(body["input"])
+        return api_codec.parse_embeddings(answer, name, count=count)
+
+    async def classify(
+        self,
+        deployment: str,
+        texts: str | Sequence[str],
+        *,
+        labels: Mapping[str, str] | None = None,
+        truncate: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> api.Classifications:
+        """Label probabilities per text (/v1/classify): the model's own head, or zero-shot
+        over `labels` (label -> description)."""
+        body = api_codec.classify_body(texts, labels=labels, truncate=truncate)
+        name, answer = await self._answer(deployment, "/v1/classify", body, timeout_s)
+        count = 1 if isinstance(texts, str) else len(body["input"])
+        return api_codec.parse_classifications(answer, name, count=count)
+
+    async def decide(
+        self,
+        deployment: str,
+        state: str,
+        questions: Mapping[str, api.Question],
+        *,
+        truncate: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> api.Decisions:
+        """The best criterion of each question for `state` (/v1/decisions)."""
+        body = api_codec.decisions_body(state, questions, truncate=truncate)
+        name, answer = await self._answer(deployment, "/v1/decisions", body, timeout_s)
+        return api_codec.parse_decisions(answer, name, question_ids=list(body["questions"]))
+
+    async def rerank(
+        self,
+        deployment: str,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        truncate: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> api.Reranking:
+        """`documents` by relevance to `query`, best first (/v1/rerank, a cross-encoder)."""
+        body = api_codec.rerank_body(query, documents, top_n=top_n, truncate=truncate)
+        name, answer = await self._answer(deployment, "/v1/rerank", body, timeout_s)
+        return api_codec.parse_reranking(answer, name, documents=body["documents"])
+
+    async def _answer(
+        self, model: str, path: str, body: dict[str, Any], timeout_s: float | None
+    ) -> tuple[str, bytes]:
+        """(deployment, answer body) of a typed helper's request; errors raised."""
+        name = self.resolve(model)
+        payload = api_codec.encode_body({**body, "model": self.pools[name].config.artifact})
+        reply = await self.request_raw(name, path, payload, timeout_s=timeout_s)
+        if reply.status >= 400:
+            raise api_codec.error_from_answer(reply.status, reply.headers, reply.body)
+        return name, reply.body
 
     # -- views ----------------------------------------------------------------------
-    def inventory(self) -> dict:
+    def inventory(self) -> dict[str, Any]:
         now = trio.current_time()  # one instant for the whole snapshot
         return {
             "ready": self.is_ready(),
             "deployments": {name: pool.snapshot(now) for name, pool in self.pools.items()},
         }
 
-    def startup_status(self) -> dict:
+    def startup_status(self) -> dict[str, Any]:
         inventory = self.inventory()
         keep = ("id", "device", "endpoint", "state", "reason", "restarts", "pid")
         for deployment in inventory["deployments"].values():
             deployment["replicas"] = [{k: row[k] for k in keep} for row in deployment["replicas"]]
         return inventory
+
+    async def replica_metrics(self, timeout_s: float) -> list[ReplicaScrape]:
+        """GET /metrics of every replica that has a connection, in parallel, each bounded
+        by `timeout_s`. Straight over the transport, not through dispatch: a scrape is not
+        a request (no outstanding bytes, no outcome, no ejection). Replicas without a
+        connection (starting, stopped) are left out."""
+        targets = [
+            (name, replica_id, runner.transport)
+            for name, pool in self.pools.items()
+            for replica_id, runner in pool.runners.items()
+            if runner.transport is not None
+        ]
+        texts: list[str | None] = [None] * len(targets)
+
+        async def scrape(index: int, transport: Transport) -> None:
+            with trio.move_on_after(timeout_s):
+                try:
+                    status, _, body = await transport.exchange("GET", "/metrics")
+                except TransportError:
+                    return
+                if status == 200:
+                    texts[index] = body.decode("utf-8", "replace")
+
+        async with trio.open_nursery() as nursery:
+            for index, (_, _, transport) in enumerate(targets):
+                nursery.start_soon(scrape, index, transport)
+        return [
+            ReplicaScrape(name, replica_id, text)
+            for (name, replica_id, _), text in zip(targets, texts, strict=True)
+        ]
+
+    def model_card(self, deployment: str) -> dict[str, Any] | None:
+        """A copy of the worker card (its GET /v1/models entry) of one ready replica of
+        `deployment`, or None while none is ready. Replicas of a deployment share artifact,
+        revision, dtype and engine caps (checked when the card is read), so any one will do."""
+        pool = self.pools.get(deployment)
+        if pool is None:
+            raise ModelNotFound(f"deployment {deployment!r} does not exist")
+        for runner in pool.runners.values():
+            card = runner.record.card
+            if runner.record.lifecycle is ReplicaState.READY and card is not None:
+                return dict(card)
+        return None
 
     def is_ready(self) -> bool:
         return bool(self.pools) and all(pool.has_ready() for pool in self.pools.values())
@@ -199,9 +321,9 @@ class RouterCore:
         config: SrConfig,
         plan: dict[str, dict[str, ReplicaRunner]],
         new_pools: list[DeploymentPool],
-    ) -> list:
+    ) -> list[ReplicaRunner | DeploymentPool]:
         """Swap in the new replica sets at once; returns what to retire."""
-        retired: list = []
+        retired: list[ReplicaRunner | DeploymentPool] = []
         for name, pool in list(self.pools.items()):
             keep = plan.get(name, {})
             retired += [r for rid, r in pool.runners.items() if rid not in keep]
@@ -283,13 +405,6 @@ def _describe(pool: DeploymentPool) -> str:
         text = f"replica {rec.id} ({rec.placement}) {rec.state(now).value}"
         parts.append(text + (f": {rec.reason}" if rec.reason else ""))
     return ", ".join(parts) or "no replicas"
-
-
-def _worker_message(body: bytes) -> str:
-    try:
-        return str(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace")
 
 
 def default_worker_threads() -> int:

@@ -4,7 +4,9 @@ Three kinds, one task shape:
 * managed — starts `python -m sr worker ... --uds PATH` (argv list, no shell), restarts
   it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
   it holds the write end of a pipe whose read end is the worker's `--parent-fd`, so the
-  worker exits when this process dies, however it dies (sr.worker.parent_watch);
+  worker exits when this process dies, however it dies (sr.worker.parent_watch). The
+  worker logs JSON lines naming its deployment and replica, relayed into this process's
+  log (sr.pool.worker_log); an exit is described in words (`killed by SIGKILL`);
 * attached (`endpoint`) — only probed, never started or stopped; never terminal: when it
   is failed, incompatible or unreachable it is probed at the slow cadence until the
   operator's worker comes back (sr.pool.state);
@@ -33,18 +35,29 @@ from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
 from sr.pool.transport import HttpTransport, InProcessTransport, Transport, TransportError
+from sr.pool.worker_log import WorkerLogRelay, describe_exit
 
 S = ReplicaState
 PROBE_NOT_READY_S = 0.1
 PROBE_READY_S = 1.5
 PROBE_TIMEOUT_S = 2.0
 STOP_GRACE_S = 5.0
+# After a worker is gone, how long its stderr may take to reach EOF (a child of the worker
+# could hold the pipe open): its last lines are the exit's reason.
+STDERR_DRAIN_S = 1.0
 DRAIN_POLL_S = 0.02
 
 
 def worker_argv(
-    deployment: Deployment, device: str, threads: int, uds: str, *, parent_fd: int | None = None
+    deployment: Deployment,
+    device: str,
+    threads: int,
+    uds: str,
+    *,
+    parent_fd: int | None = None,
+    names: tuple[str, str] | None = None,
 ) -> list[str]:
+    """`names`: (deployment name, replica id), stamped by the worker on its log lines."""
     argv = [sys.executable, "-m", "sr", "worker", "--artifact", deployment.artifact]
     argv += ["--device", device, "--threads", str(threads)]
     if deployment.revision:
@@ -60,6 +73,10 @@ def worker_argv(
         argv += ["--dtype", deployment.dtype]
     if parent_fd is not None:
         argv += ["--parent-fd", str(parent_fd)]
+    if names is not None:
+        argv += ["--deployment", names[0], "--replica", names[1]]
+    # JSON whatever the router's own format: the relay reads it (sr.pool.worker_log).
+    argv += ["--log-format", "json"]
     return [*argv, "--uds", uds]
 
 
@@ -120,7 +137,7 @@ class ReplicaRunner:
         self.done = trio.Event()
         self._probe_now = trio.Event()
         self._incarnation = 0
-        self._stderr_tail = b""
+        self._last_worker_message = ""
 
     # -- public ---------------------------------------------------------------------
     def request_probe(self) -> None:
@@ -183,7 +200,14 @@ class ReplicaRunner:
         # process dies, even by SIGKILL, and the worker reads EOF. os.pipe() fds are
         # non-inheritable, so no other worker holds this one's write end open.
         parent_read, parent_alive = os.pipe()
-        argv = worker_argv(self.deployment, device, self.threads, str(uds), parent_fd=parent_read)
+        argv = worker_argv(
+            self.deployment,
+            device,
+            self.threads,
+            str(uds),
+            parent_fd=parent_read,
+            names=(rec.deployment, rec.id),
+        )
         self._set(S.STARTING, None)
         try:
             # stdout is the worker's announcement channel for humans running it by hand;
@@ -202,12 +226,12 @@ class ReplicaRunner:
         finally:
             os.close(parent_read)
         rec.pid = process.pid
-        self._stderr_tail = b""
+        relay = WorkerLogRelay(deployment=rec.deployment, replica=rec.id, pid=process.pid)
         transport = HttpTransport(uds=str(uds))
         verdict: str | None = None
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump_stderr, process.stderr)
+                nursery.start_soon(self._pump_stderr, process.stderr, relay)
 
                 async def serve() -> None:
                     nonlocal verdict
@@ -223,12 +247,14 @@ class ReplicaRunner:
                 with trio.CancelScope(shield=True):
                     await transport.aclose()
                     await stop_process(process, STOP_GRACE_S)
+                    await _drain_stderr(process.stderr, relay)
             finally:
                 # Only after the stop (closing it earlier cuts the graceful drain short),
                 # but always: a worker we failed to stop then exits on its own.
                 os.close(parent_alive)
             rec.pid = None
             uds.unlink(missing_ok=True)
+            self._last_worker_message = relay.last_message
         return verdict, process.returncode
 
     async def _after_exit(self, code: int | None) -> bool:
@@ -237,8 +263,7 @@ class ReplicaRunner:
         now = trio.current_time()
         if not rec.restart.was_ready:
             rec.early_exits += 1
-        last = self._last_stderr_line()
-        why = f"worker exited with status {code}" + (f": {last}" if last else "")
+        why = describe_exit(code, self._last_worker_message)
         if rec.early_exits >= TERMINAL_EARLY_EXITS:
             self._set(S.FAILED, f"{why} ({rec.early_exits} exits before becoming ready)")
             return False
@@ -343,17 +368,10 @@ class ReplicaRunner:
             "max_num_batched_tokens": d.max_num_batched_tokens,
         }
 
-    async def _pump_stderr(self, stream: trio.abc.ReceiveStream) -> None:
-        """Pass the worker's log through, keeping its tail for failure reasons."""
+    async def _pump_stderr(self, stream: trio.abc.ReceiveStream, relay: WorkerLogRelay) -> None:
+        """Relay the worker's log into ours while it runs (the rest: `_drain_stderr`)."""
         while chunk := await stream.receive_some(65536):
-            self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
-            os.write(2, chunk)
-
-    def _last_stderr_line(self) -> str:
-        lines = [
-            ln for ln in self._stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()
-        ]
-        return lines[-1].strip()[:300] if lines else ""
+            relay.feed(chunk)
 
 
 # attached replicas in these states wait for their operator: probe them at the slow cadence
@@ -369,6 +387,17 @@ def _still_learning(card: dict | None) -> bool:
     fresh (at the slow probe cadence) until learning has settled."""
     adaptive = (card or {}).get("adaptive_threads") or {}
     return adaptive.get("status") in ("locked", "warming", "learning")
+
+
+async def _drain_stderr(stream: trio.abc.ReceiveStream | None, relay: WorkerLogRelay) -> None:
+    """Relay what a stopped worker left in its stderr pipe (its last lines), then close it."""
+    if stream is None:
+        return
+    with trio.move_on_after(STDERR_DRAIN_S):
+        while chunk := await stream.receive_some(65536):
+            relay.feed(chunk)
+    relay.close()
+    await stream.aclose()
 
 
 async def stop_process(process: trio.Process, grace_s: float) -> None:

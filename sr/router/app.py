@@ -3,20 +3,32 @@
 Native routes parse the JSON body once, check `model`, pick the deployment, and hand the
 bytes to the pool (`RouterCore.request_raw`) with `model` set to the artifact. The pool's
 typed errors become the wire errors of `sr.errors`; a worker's own 4xx passes through.
-Everything else here is a small read-only view (health, readiness, inventory, metrics) or
-the reload trigger.
+TEI's routes (sr.router.tei) take the same path through another front (sr.router.front):
+only the body they read and the shapes they answer in differ.
+Everything else here is a small read-only view (health, readiness, inventory, metrics,
+the OpenAPI document) or the reload trigger.
+
+Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
+new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
+opt-in per listener) answers preflights before the API key check and marks answers to
+allowed origins; the access log (sr.router.logs.AccessLog, opt-in) gets one line once the
+answer is sent.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any, Protocol
 
 import trio
 
+from sr import __version__, request_id
 from sr.asgi import (
     BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -32,6 +44,7 @@ from sr.asgi import (
 )
 from sr.config.schema import SrConfig
 from sr.errors import (
+    Forbidden,
     InvalidApiKey,
     InvalidRequest,
     MethodNotAllowed,
@@ -39,19 +52,30 @@ from sr.errors import (
     NotFound,
     ReloadUnavailable,
     RequestError,
+    Unavailable,
 )
 from sr.hang_up import EXTENSION as HANG_UP_EXTENSION
-from sr.router import inventory_view
+from sr.router import inventory_view, tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
+from sr.router.cors import CorsPolicy
 from sr.router.faults import FAULTS_PATH, FaultRoute, fault_injection_enabled
+from sr.router.front import Front, NativeFront
+from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
-from sr.router.rewrite import answer_with_public_model, forward_body, parse_native_body
+from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
+from sr.router.rewrite import forward_body
+from sr.worker import timing as worker_timing
 
-NATIVE_ROUTES = frozenset({"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank"})
+NATIVE_ROUTES = frozenset(
+    {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
+)
 MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"
+OPENAPI_PATH = "/openapi.json"
+# The deployment a request resolved to, kept in its ASGI scope for the access log.
+DEPLOYMENT_SCOPE_KEY = "sr.deployment"
 _OUTCOME_BY_CODE = {
     "overloaded": "overloaded",
     "unavailable": "unavailable",
@@ -74,11 +98,18 @@ class RouterCoreLike(Protocol):
 
     def resolve(self, model: str) -> str: ...
     async def request_raw(
-        self, deployment: str, path: str, body: bytes, timeout_s: float | None = None
+        self,
+        deployment: str,
+        path: str,
+        body: bytes,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
     ) -> Reply: ...
     def inventory(self) -> dict[str, Any]: ...
     def startup_status(self) -> dict[str, Any]: ...
     def is_ready(self) -> bool: ...
+    def model_card(self, deployment: str) -> dict[str, Any] | None: ...
+    async def replica_metrics(self, timeout_s: float) -> list[Any]: ...
 
 
 def parse_timeout_header(value: bytes | None) -> float | None:
@@ -103,8 +134,12 @@ class RouterApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         body_timeout_s: float = BODY_READ_TIMEOUT_S,
         fault_injection: bool | None = None,
+        access_log: AccessLog | None = None,
     ):
         self.core = core
+        self.access_log = access_log or AccessLog(enabled=False)
+        # OpenAI's model objects carry `created`: when this router started serving.
+        self._created = int(time.time())
         self.metrics = metrics
         self.cache = cache
         self._reload = reload
@@ -112,10 +147,14 @@ class RouterApp:
         self.body_timeout_s = body_timeout_s
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
+        self._cors = CorsPolicy()
         if fault_injection is None:
             fault_injection = fault_injection_enabled(os.environ)
         self._faults = FaultRoute(core, enabled=fault_injection)
         self.apply_config(config)
+        # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).
+        self._fronts: dict[str, Front] = {route: NativeFront(route) for route in NATIVE_ROUTES}
+        self._fronts.update({route: tei.TeiFront(route) for route in tei.POST_ROUTES})
         self._get_routes: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/health": self._health,
             "/ready": self._ready,
@@ -123,14 +162,17 @@ class RouterApp:
             "/v1/models": self._models,
             "/api/v1/inventory/model-runtime": self._inventory,
             "/metrics": self._metrics,
+            OPENAPI_PATH: self._openapi,
         }
 
     def apply_config(self, config: SrConfig) -> None:
-        """Adopt a (re)loaded config: artifacts, API keys, which deployments cache."""
+        """Adopt a (re)loaded config: artifacts, API keys, CORS origins, which deployments
+        cache."""
         deployments = config.deployments
         self._artifacts = {name: d.artifact for name, d in deployments.items()}
-        keys = config.listeners[0].api_keys if config.listeners else []
-        self._auth = ApiKeyCheck(list(keys))
+        listener = config.listeners[0] if config.listeners else None
+        self._auth = ApiKeyCheck(list(listener.api_keys) if listener else [])
+        self._cors = CorsPolicy(listener.cors_allow_origins if listener else ())
         self.cache.configure({name: len(d.placements()) for name, d in deployments.items()})
 
     def set_reload(self, reload: Callable[[], Awaitable[dict[str, Any]]] | None) -> None:
@@ -147,20 +189,59 @@ class RouterApp:
         await serve_lifespan(receive, send)
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        authorization, sent_id, origin = request_headers(
+            scope, b"authorization", request_id.HEADER, b"origin"
+        )
+        rid = request_id.usable(sent_id) if sent_id is not None else None
+        token = request_id.current.set(rid or request_id.new_request_id())
+        answer = _Answer(send, request_id.current.get(), self._cors.answer_headers(origin))
+        try:
+            if sent_id is not None and rid is None:
+                await send_error(answer, InvalidRequest(_BAD_REQUEST_ID, param="X-Request-Id"))
+            else:
+                await self._route(scope, receive, answer, authorization, origin)
+        finally:
+            request_id.current.reset(token)
+            if self.access_log.enabled:
+                self.access_log.record(
+                    request_id=answer.request_id.decode(),
+                    method=scope["method"],
+                    route=scope["path"],
+                    deployment=scope.get(DEPLOYMENT_SCOPE_KEY),
+                    replica=answer.replica,
+                    status=answer.status,
+                    ms=(time.perf_counter() - started) * 1000.0,
+                    tokens=answer.tokens,
+                )
+
+    async def _route(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        authorization: bytes | None,
+        origin: bytes | None,
+    ) -> None:
         path = scope["path"]
         method = scope["method"]
-        (authorization,) = request_headers(scope, b"authorization")
+        if method == "OPTIONS" and self._cors.enabled and origin is not None:
+            (asked,) = request_headers(scope, b"access-control-request-method")
+            if self._cors.is_preflight(method, origin, asked):
+                await self._preflight(scope, send, origin)
+                return
         if not self._auth.allows(path, authorization):
             error = InvalidApiKey("missing or invalid API key (Authorization: Bearer <key>)")
             error.headers["WWW-Authenticate"] = "Bearer"
             await send_error(send, error)
             return
         try:
-            if path in NATIVE_ROUTES:
+            front = self._fronts.get(path)
+            if front is not None:
                 if method != "POST":
                     await _method_not_allowed(send, "POST")
                     return
-                await self._native(scope, receive, send, path)
+                await self._native(scope, receive, send, front)
             elif path in self._get_routes:
                 if method not in ("GET", "HEAD"):
                     await _method_not_allowed(send, "GET")
@@ -178,13 +259,21 @@ class RouterApp:
                 await self._reload_route(send)
             elif path == FAULTS_PATH:
                 await self._faults(scope, receive, send)
+            elif path == tei.INFO_PATH:
+                if method not in ("GET", "HEAD"):
+                    await _method_not_allowed(send, "GET")
+                    return
+                await self._tei_info(scope, send)
             else:
                 await send_error(send, NotFound(f"no route {path}"))
         except Exception as error:  # a bug must cost one 500, never the connection
             _log.exception("router_internal_error path=%s", path)
             await send_error(send, RequestError(type(error).__name__))
 
-    async def _native(self, scope: dict[str, Any], receive: Receive, send: Send, route: str):
+    async def _native(self, scope: dict[str, Any], receive: Receive, send: Send, front: Front):
+        """Every route that dispatches to a worker, native or TEI: the front reads the body
+        and shapes answers and errors (sr.router.front); the rest is the same for all."""
+        route = front.route
         started = time.perf_counter()
         deployment = ""
         outcome = "rejected"
@@ -194,39 +283,76 @@ class RouterApp:
             )
             timeout_s = parse_timeout_header(timeout_value)
             raw = await read_body(receive, content_length, self.max_body_bytes, self.body_timeout_s)
-            body, model = parse_native_body(raw)
-            deployment = self.core.resolve(model)
-            artifact = self._artifacts.get(deployment, model)
+            request = front.parse(raw)
+            deployment = self._deployment_for(request.model)
+            scope[DEPLOYMENT_SCOPE_KEY] = deployment
+            artifact = self._artifacts.get(deployment, request.model or deployment)
             key = None
             if self.cache.enabled_for(deployment):
-                key = cache_key(route, body)
+                key = cache_key(request.route, request.body)
                 cached = self.cache.get(deployment, key)
                 if cached is not None:
                     outcome = "cached"
                     self.metrics.cache_hits.labels(deployment).inc()
-                    answer = answer_with_public_model(cached, artifact, model)
+                    answer = front.answer(request, cached, artifact)
                     await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
-            forward = forward_body(body, artifact)
-            reply = await self._dispatch(scope, receive, deployment, route, forward, timeout_s)
+            forward = forward_body(request.body, artifact)
+            reply = await self._dispatch(
+                scope, receive, deployment, request.route, forward, timeout_s
+            )
             if reply is None:
                 outcome = "canceled"
                 return
-            answer = reply.body
+            status, answer = reply.status, reply.body
             if key is not None:
-                self.cache.put(deployment, key, reply.status, answer)
-            if 200 <= reply.status < 300:
+                self.cache.put(deployment, key, status, answer)
+            if 200 <= status < 300:
                 outcome = "ok"
-                answer = answer_with_public_model(answer, artifact, model)
+                answer = front.answer(request, answer, artifact)
+                self.metrics.observe_reply(deployment, route, reply.headers)
+            else:
+                status, answer = front.worker_error(request, status, answer)
             replica = (REPLICA_HEADER, str(reply.replica_id).encode())
-            await send_response(send, reply.status, answer, [replica])
+            timing = worker_timing.forwarded(reply.headers)  # TEI's x-*-time headers
+            await send_response(send, status, answer, [replica, *timing])
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
-            await send_error(send, error)
+            status, headers, payload = front.error(error)
+            await send_response(send, status, payload, headers)
         except ClientDisconnected:
             outcome = "canceled"
         finally:
             self.metrics.observe_request(deployment, route, outcome, time.perf_counter() - started)
+
+    def _deployment_for(self, model: str | None) -> str:
+        """The deployment a request names, or (TEI bodies name none) the only one."""
+        if model is not None:
+            return self.core.resolve(model)
+        if len(self._artifacts) == 1:
+            return next(iter(self._artifacts))
+        raise InvalidRequest(
+            "model: required when several deployments are served; name one of: "
+            + ", ".join(sorted(self._artifacts))
+        )
+
+    async def _tei_info(self, scope: dict[str, Any], send: Send) -> None:
+        """GET /info: TEI's info object for the deployment (sr.router.tei.info)."""
+        try:
+            deployment = self._deployment_for(tei.info_model(scope.get("query_string", b"")))
+            card = self.core.model_card(deployment)
+            if card is None:
+                raise Unavailable(f"deployment {deployment!r} has no ready replica yet")
+            entries = self._model_entries()
+            ready = next((e["ready_replicas"] for e in entries if e["id"] == deployment), 0)
+            answer = tei.info(
+                card, deployment=deployment, ready_replicas=ready, version=__version__
+            )
+        except RequestError as error:
+            status, headers, payload = tei.error_reply(error)
+            await send_response(send, status, payload, headers)
+            return
+        await send_json(send, 200, answer)
 
     async def _dispatch(
         self,
@@ -247,7 +373,13 @@ class RouterApp:
         stop_watching = hang_up["watch"](request_scope)
         try:
             with request_scope:
-                return await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+                return await self.core.request_raw(
+                    deployment,
+                    route,
+                    body,
+                    timeout_s=timeout_s,
+                    request_id=request_id.current.get(),
+                )
         finally:
             stop_watching()
         return None  # the scope was cancelled: the caller hung up
@@ -262,7 +394,13 @@ class RouterApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                reply = await self.core.request_raw(deployment, route, body, timeout_s=timeout_s)
+                reply = await self.core.request_raw(
+                    deployment,
+                    route,
+                    body,
+                    timeout_s=timeout_s,
+                    request_id=request_id.current.get(),
+                )
             except RequestError as error:  # raised here, not wrapped in the nursery's group
                 failure = error
             finally:
@@ -287,7 +425,22 @@ class RouterApp:
         await send_json(send, 200, self.core.inventory())
 
     async def _metrics(self, send: Send) -> None:
-        await send_response(send, 200, self.metrics.render(), content_type=METRICS_CONTENT_TYPE)
+        scrapes = await self.core.replica_metrics(REPLICA_SCRAPE_TIMEOUT_S)
+        text = self.metrics.render(scrapes)
+        await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
+
+    async def _openapi(self, send: Send) -> None:
+        await send_response(send, 200, _openapi_json())
+
+    async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
+        """A CORS preflight: 204 with what the origin may send, or 403 naming it."""
+        if not self._cors.allows(origin):
+            await send_error(send, Forbidden(f"Origin: {origin.decode('latin-1')} is not allowed"))
+            return
+        (asked_headers,) = request_headers(scope, b"access-control-request-headers")
+        headers = self._cors.preflight_headers(origin, asked_headers)
+        await send({"type": "http.response.start", "status": 204, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
 
     async def _models(self, send: Send) -> None:
         await send_json(send, 200, {"object": "list", "data": self._model_entries()})
@@ -326,6 +479,8 @@ class RouterApp:
                 {
                     "id": name,
                     "object": "model",
+                    "created": self._created,
+                    "owned_by": "sr",
                     "artifact": self._artifacts.get(name, deployment.get("artifact")),
                     "replicas": desired,
                     "ready_replicas": ready,
@@ -344,6 +499,48 @@ class RouterApp:
             await send_error(send, error)
             return
         await send_json(send, 200, summary)
+
+
+_BAD_REQUEST_ID = "X-Request-Id: must be 1 to 128 visible ASCII characters"
+
+
+class _Answer:
+    """The `send` of one request: adds its id and CORS headers to the answer's head, and
+    keeps what the access log reports (status, replica, tokens)."""
+
+    __slots__ = ("_send", "extra", "replica", "request_id", "status", "tokens")
+
+    def __init__(self, send: Send, rid: str | None, cors: list[tuple[bytes, bytes]]) -> None:
+        self._send = send
+        self.request_id = (rid or "").encode()
+        self.extra = [(request_id.HEADER, self.request_id), *cors]
+        self.status = 0  # none sent: the caller hung up first
+        self.replica: str | None = None
+        self.tokens: int | None = None
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = message.get("headers") or []
+            for name, value in headers:
+                if name == REPLICA_HEADER:
+                    self.replica = value.decode("latin-1")
+                elif name == _TOKENS_HEADER:
+                    self.tokens = int(value)
+            message = {**message, "headers": [*headers, *self.extra]}
+        await self._send(message)
+
+
+_TOKENS_HEADER = worker_timing.COMPUTE_TOKENS.encode()
+
+
+@functools.cache
+def _openapi_json() -> bytes:
+    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, read once."""
+    import yaml
+
+    text = resources.files("sr.router").joinpath("openapi.yaml").read_text(encoding="utf-8")
+    return json.dumps(yaml.safe_load(text), separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

@@ -1,8 +1,17 @@
-"""`sr inventory [--url URL] [--watch] [--interval S] [--api-key K]`: the replica table.
+"""`sr inventory [--url URL | --config FILE] [--watch] [--interval S] [--api-key K]`.
 
-Reads GET /api/v1/inventory/model-runtime from a running router. `--watch` redraws in
-place (clear screen + redraw) until Ctrl-C, which exits 0. A router that cannot be reached
-is one clear line on stderr and exit status 1.
+Reads GET /api/v1/inventory/model-runtime from a running router and prints the replica
+table. Which router: `--url`; without it the first listener (host, port) of `--config`
+(default ./config.yaml, the file `sr serve` reads), a wildcard host asked on loopback; a
+config without `listeners`, or no ./config.yaml at all, means the default listener. A
+config that is missing (when named), cannot be read or is invalid is one line on stderr
+and exit status 2.
+
+`--watch` redraws in place (clear screen + redraw) until Ctrl-C, which exits 0, and keeps
+watching while the router is away (not listening, restarting, answering 5xx): the screen
+then says "waiting for URL (why)" until it answers again. Without `--watch`, a router that
+cannot be reached is one clear line on stderr and exit status 1; an answer that will not
+change by waiting (401, 404, not an inventory) is that in either mode.
 """
 
 from __future__ import annotations
@@ -13,21 +22,35 @@ import os
 import sys
 import time
 import urllib.parse
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
 
 import httpx
 
 from sr.config.arguments import OneLineArgumentParser, report_usage_error
-from sr.errors import UsageError
+from sr.config.load import load_config
+from sr.config.schema import Listener
+from sr.errors import ConfigError, UsageError
 from sr.router.inventory_table import render_inventory
 
-DEFAULT_URL = "http://127.0.0.1:8899"
+DEFAULT_CONFIG = "config.yaml"
+DEFAULT_URL = f"http://{Listener().host}:{Listener().port}"
 INVENTORY_PATH = "/api/v1/inventory/model-runtime"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+# Listening on every address: ask on loopback, where this machine's router surely answers.
+_LOOPBACK_FOR = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 class InventoryUnavailable(Exception):
     """The router could not be asked, or did not answer with an inventory."""
+
+
+class RouterAway(InventoryUnavailable):
+    """The router is not there or not answering now; waiting may help (`--watch` does)."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
 
 
 def _positive_seconds(text: str) -> float:
@@ -50,7 +73,10 @@ def _router_url(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="sr inventory", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--url", type=_router_url, default=DEFAULT_URL, help=f"router URL (default {DEFAULT_URL})"
+        "--url", type=_router_url, help="router URL (default: the listener of --config)"
+    )
+    parser.add_argument(
+        "--config", help=f"config whose listener to ask (default: ./{DEFAULT_CONFIG})"
     )
     parser.add_argument("--watch", action="store_true", help="redraw until Ctrl-C")
     parser.add_argument(
@@ -62,15 +88,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def router_url(url: str | None, config: str | None) -> str:
+    """`url`, else the first listener of the config file; UsageError when it is unusable."""
+    if url is not None:
+        return url
+    path = Path(config or DEFAULT_CONFIG)
+    if not path.exists():
+        if config is None:
+            return DEFAULT_URL  # no config here: sr serve would listen where it always does
+        raise UsageError(f"no config at {path}; give --url or the config sr serve reads")
+    try:
+        listener = load_config(path).listeners[0]  # exactly one (sr.config.validate)
+    except ConfigError as error:
+        issues = [str(issue) for issue in error.issues] or ["invalid config"]
+        if str(path) not in issues[0]:  # name the file once, at the front
+            issues[0] = f"{path}: {issues[0]}"
+        raise UsageError("; ".join(issues)) from None
+    if listener.port == 0:
+        raise UsageError(f"{path}: the listener's port is 0 (picked at start); give --url")
+    host = _LOOPBACK_FOR.get(listener.host, listener.host)
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{listener.port}"
+
+
 def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     target = url.rstrip("/") + INVENTORY_PATH
     try:
         response = client.get(target, headers=headers)
     except httpx.ConnectError:
-        raise InventoryUnavailable(f"cannot connect to {url} (is `sr serve` running?)") from None
-    except httpx.HTTPError as error:
-        raise InventoryUnavailable(f"{target}: {type(error).__name__}: {error}") from None
+        raise RouterAway(
+            f"cannot connect to {url} (is `sr serve` running?)", "not listening"
+        ) from None
+    except httpx.TransportError as error:
+        why = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise RouterAway(f"{target}: {why}", why) from None
+    if response.status_code >= 500:
+        why = f"answered {response.status_code}"
+        raise RouterAway(f"{target} {why}", why)
     if response.status_code == 401:
         raise InventoryUnavailable(f"{url} needs an API key (--api-key or SR_API_KEY)")
     if response.status_code != 200:
@@ -84,26 +139,38 @@ def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> dict
     return inventory
 
 
+def watch(
+    client: httpx.Client, url: str, api_key: str | None, interval: float, out: TextIO
+) -> NoReturn:
+    """Redraw every `interval` seconds until interrupted (KeyboardInterrupt); wait out a
+    router that is away; raise InventoryUnavailable for an answer waiting will not fix."""
+    colour = out.isatty()
+    while True:
+        try:
+            inventory = fetch_inventory(client, url, api_key)
+            text = "\n".join(render_inventory(inventory, colour_states=colour))
+        except RouterAway as away:
+            text = f"waiting for {url} ({away.why})"
+        stamp = time.strftime("%H:%M:%S")
+        header = f"{url}  every {interval:g}s  {stamp}  (Ctrl-C to quit)"
+        out.write(CLEAR_SCREEN + header + "\n\n" + text + "\n")
+        out.flush()
+        time.sleep(interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
+        url = router_url(args.url, args.config)
     except UsageError as error:
         return report_usage_error("sr inventory", error)
-    colour = sys.stdout.isatty()
     try:
         with httpx.Client(timeout=5.0) as client:
-            while True:
-                inventory = fetch_inventory(client, args.url, args.api_key)
-                text = "\n".join(render_inventory(inventory, colour_states=colour))
-                if args.watch:
-                    stamp = time.strftime("%H:%M:%S")
-                    header = f"{args.url}  every {args.interval:g}s  {stamp}  (Ctrl-C to quit)"
-                    sys.stdout.write(CLEAR_SCREEN + header + "\n\n" + text + "\n")
-                    sys.stdout.flush()
-                    time.sleep(args.interval)
-                else:
-                    print(text)
-                    return 0
+            if args.watch:
+                watch(client, url, args.api_key, args.interval, sys.stdout)
+            inventory = fetch_inventory(client, url, args.api_key)
+            print("\n".join(render_inventory(inventory, colour_states=sys.stdout.isatty())))
+            return 0
     except InventoryUnavailable as error:
         print(f"sr inventory: {error}", file=sys.stderr)
         return 1

@@ -1,30 +1,57 @@
 """Prometheus metrics of one router, in its own CollectorRegistry.
 
-Three sources:
+Sources:
 - the front end counts requests by outcome and observes latency (`observe_request`);
+- a worker's answer carries TEI's timing headers (sr.worker.timing); `observe_reply` turns
+  them into queue and inference histograms and an input-token counter;
 - pool events feed restart, ejection and readmission counters (`on_event`, subscribed to
   the EventSink), so the pool never imports Prometheus;
 - replica readiness, ejection, in-flight requests and outstanding bytes are read from the pool's
-  inventory at scrape time by a custom collector, so they are never stale.
+  inventory at scrape time by a custom collector, so they are never stale;
+- each replica's batch metrics, pulled from the workers at scrape time and passed to
+  `render` (sr.router.replica_metrics);
+- `sr_build_info` and `sr_model_info` (from the config at scrape time, so a reload shows),
+  and prometheus_client's process and platform collectors.
 
 A per-router registry (not the process-global one) lets several routers, or tests, live in
-one process without clashing metric names.
+one process without clashing metric names. The text has no `_created` series
+(sr.exposition says why and how).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+import importlib.metadata
+import platform
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+import sr
+from sr import exposition
 from sr.router import inventory_view
+from sr.router.replica_metrics import ReplicaMetricsCollector
+from sr.worker import timing
 
-METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+if TYPE_CHECKING:
+    from sr.config.schema import Deployment
+    from sr.pool.core import ReplicaScrape
+
+METRICS_CONTENT_TYPE = exposition.CONTENT_TYPE
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# The workers' timing headers are whole milliseconds (TEI's unit), so nothing finer.
+WORKER_TIME_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 
 
@@ -75,8 +102,42 @@ class InventoryCollector(Collector):
         yield from (ready, inflight, outstanding, ejected, desired, ready_count)
 
 
+class InfoCollector(Collector):
+    """`sr_build_info{version,python,torch}` and `sr_model_info{deployment,artifact,revision,
+    dtype}`, both 1 (the info-metric idiom: join on them, never sum them)."""
+
+    def __init__(self, deployments: Callable[[], Mapping[str, Deployment]] | None):
+        self._deployments = deployments
+        self._build = [sr.__version__, platform.python_version(), _installed_version("torch")]
+
+    def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily(
+            "sr_build_info", "sr's build: always 1", labels=["version", "python", "torch"]
+        )
+        build.add_metric(self._build, 1.0)
+        yield build
+        if self._deployments is None:
+            return
+        model = GaugeMetricFamily(
+            "sr_model_info",
+            "The model each deployment serves: always 1",
+            labels=["deployment", "artifact", "revision", "dtype"],
+        )
+        for name, deployment in self._deployments().items():
+            labels = [name, deployment.artifact, deployment.revision or "", deployment.dtype]
+            model.add_metric(labels, 1.0)
+        yield model
+
+
 class RouterMetrics:
-    def __init__(self, inventory: Callable[[], dict[str, Any]]):
+    def __init__(
+        self,
+        inventory: Callable[[], dict[str, Any]],
+        *,
+        deployments: Callable[[], Mapping[str, Deployment]] | None = None,
+    ):
+        """`inventory`: the pool's inventory; `deployments`: the config's deployments now
+        (for `sr_model_info`; without it that family is left out)."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "sr_requests",
@@ -108,10 +169,31 @@ class RouterMetrics:
             replica_labels,
             registry=self.registry,
         )
+        route_labels = ["deployment", "route"]
+        self.queue_time = Histogram(
+            "sr_request_queue_seconds",
+            "Time a request's rows waited in the worker's queue (its x-queue-time)",
+            route_labels, buckets=WORKER_TIME_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.inference_time = Histogram(
+            "sr_request_inference_seconds",
+            "Time a request's rows spent in forwards (its x-inference-time)",
+            route_labels, buckets=WORKER_TIME_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.input_tokens = Counter(
+            "sr_input_tokens", "Input tokens the workers computed (x-compute-tokens)",
+            route_labels, registry=self.registry,
+        )  # fmt: skip
         self.registry.register(InventoryCollector(inventory))
+        self._replicas = ReplicaMetricsCollector()
+        self.registry.register(self._replicas)
+        self.registry.register(InfoCollector(deployments))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         # Label lookups cost a lock and a tuple; the hot path keeps its children here.
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[tuple[str, str], Any] = {}
+        self._reply_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
     def observe_request(self, deployment: str, route: str, outcome: str, seconds: float) -> None:
         key = (deployment, route, outcome)
@@ -126,6 +208,28 @@ class RouterMetrics:
                 histogram = self._latency_children[latency_key] = self.latency.labels(*latency_key)
             histogram.observe(seconds)
 
+    def observe_reply(self, deployment: str, route: str, headers: Mapping[str, str]) -> None:
+        """A worker's answer for work: its timing headers (sr.worker.timing) into the
+        queue and inference histograms and the token counter. An answer without them (an
+        error, an attached worker of another version) is not observed."""
+        queue_ms = _whole_number(headers.get(timing.QUEUE_TIME))
+        inference_ms = _whole_number(headers.get(timing.INFERENCE_TIME))
+        tokens = _whole_number(headers.get(timing.COMPUTE_TOKENS))
+        if queue_ms is None or inference_ms is None or tokens is None:
+            return
+        key = (deployment, route)
+        children = self._reply_children.get(key)
+        if children is None:
+            children = self._reply_children[key] = (
+                self.queue_time.labels(*key),
+                self.inference_time.labels(*key),
+                self.input_tokens.labels(*key),
+            )
+        queue, inference, token_counter = children
+        queue.observe(queue_ms / 1000.0)
+        inference.observe(inference_ms / 1000.0)
+        token_counter.inc(tokens)
+
     def on_event(self, event: str, fields: dict[str, Any]) -> None:
         """EventSink listener for the pool's replica events."""
         if event not in _REPLICA_EVENTS:
@@ -138,8 +242,29 @@ class RouterMetrics:
         elif event == "replica_readmitted":
             self.readmissions.labels(*labels).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, replica_scrapes: Sequence[ReplicaScrape] = ()) -> bytes:
+        """The text; `replica_scrapes` (RouterCore.replica_metrics) give the per-replica
+        batch series. Setting them and rendering is one synchronous step, so concurrent
+        scrapes never see each other's."""
+        self._replicas.scrapes = replica_scrapes
+        try:
+            return exposition.render(self.registry)
+        finally:
+            self._replicas.scrapes = ()
 
 
 _REPLICA_EVENTS = frozenset({"replica_restarted", "replica_ejected", "replica_readmitted"})
+
+
+def _whole_number(value: str | None) -> int | None:
+    if value is None or not value.isascii() or not value.isdigit():
+        return None
+    return int(value)
+
+
+def _installed_version(distribution: str) -> str:
+    """A package's version from its metadata: the router never imports torch for it."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""

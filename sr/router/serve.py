@@ -9,8 +9,9 @@ then drain and stop every worker) or until it is cancelled.
 `task_status.started(handle)` fires once the socket is listening, not once ready: an
 embedding program can then watch startup over HTTP or `await handle.core.wait_ready(...)`.
 
-`run_sr_serve` is the process around it: JSON logs on stderr, startup lines on stdout,
-SIGINT/SIGTERM drain and exit 0, SIGHUP reloads the config file, startup failure exits 1.
+`run_sr_serve` is the process around it: logs on stderr in one format, text or JSON
+(sr.router.logs), milestones on stdout (sr.router.startup), SIGINT/SIGTERM drain and exit 0,
+SIGHUP reloads the config file, startup failure exits 1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
 import trio
@@ -33,11 +34,14 @@ from sr.h1_server import H1Server, open_listeners
 from sr.http_limits import HttpLimits
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache, result_cache_entries_from_env
-from sr.router.logs import configure_logging
+from sr.router.logs import AccessLog, configure_logging, resolve_log_format
 from sr.router.metrics import RouterMetrics
 from sr.router.reload import ConfigReloader
-from sr.router.startup import StartupProgress
+from sr.router.startup import StartupProgress, replica_counts
 from sr.thread_budget import adaptive_mode
+
+if TYPE_CHECKING:  # imported when serving: sr.pool is not loaded by importing this module
+    from sr.pool.core import RouterCore
 
 # In-flight HTTP requests get this long to finish after shutdown() before they are cut.
 HTTP_GRACE_S = 10.0
@@ -48,7 +52,7 @@ class ServingRouter:
     """What `nursery.start(serve, config)` returns: the listening URL and the live pool."""
 
     url: str
-    core: Any
+    core: RouterCore  # typed helpers: embed, classify, decide, rerank (docs/python-api.md)
     app: RouterApp
     reloader: ConfigReloader | None
     _stop: trio.Event = attrs.field(factory=trio.Event, alias="stop")
@@ -66,7 +70,7 @@ ROUTER_HTTP_LIMITS = HttpLimits(graceful_timeout_s=HTTP_GRACE_S)
 async def serve(
     config: SrConfig,
     *,
-    config_path: str | os.PathLike | None = None,
+    config_path: str | os.PathLike[str] | None = None,
     host: str | None = None,
     port: int | None = None,
     events: EventSink | None = None,
@@ -75,13 +79,16 @@ async def serve(
     ready_timeout_s: float | None = None,
     open_router: Callable[..., Any] | None = None,
     out: TextIO | None = None,
+    access_log: AccessLog | None = None,
     task_status: trio.TaskStatus[ServingRouter] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `config` over HTTP until shut down or cancelled; raises SrError on startup failure.
 
-    `ready_timeout_s=None` reads VLLM_SRUN_READY_TIMEOUT (default 10m).
+    `ready_timeout_s=None` reads VLLM_SRUN_READY_TIMEOUT (default 10m). `out` takes the
+    milestone lines (stdout); `access_log` the request lines (default: none).
     """
     events = events if events is not None else EventSink()
+    access_log = access_log if access_log is not None else AccessLog()
     listener = config.listeners[0] if config.listeners else Listener()
     host = host or listener.host
     port = listener.port if port is None else port
@@ -106,12 +113,13 @@ async def serve(
         async with open_router(
             config, events=events, in_process=in_process, threads=threads
         ) as core:
-            metrics = RouterMetrics(core.inventory)
+            # The deployments are read at each scrape: a reload shows in sr_model_info.
+            metrics = RouterMetrics(core.inventory, deployments=lambda: core.config.deployments)
             events.subscribe(metrics.on_event)
             app = RouterApp(
                 core, config, metrics=metrics, cache=cache,
                 max_body_bytes=ROUTER_HTTP_LIMITS.max_body_bytes,
-                body_timeout_s=ROUTER_HTTP_LIMITS.body_timeout_s,
+                body_timeout_s=ROUTER_HTTP_LIMITS.body_timeout_s, access_log=access_log,
             )  # fmt: skip
             reloader = None
             if config_path is not None:
@@ -135,7 +143,7 @@ async def serve(
                     events.emit("startup_failed", error=str(error))
                     handle.shutdown()
                 else:
-                    progress.ready(url)
+                    progress.ready(url, lambda: replica_counts(core.inventory()))
                     events.emit("router_ready", url=url)
             if failure:
                 raise failure[0]
@@ -177,12 +185,21 @@ def run_sr_serve(
     host: str | None,
     port: int | None,
     threads: int | None,
+    log_format: str | None = None,
+    access_log: bool = False,
 ) -> int:
     """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails, 2 for a
-    bad setting found before anything started."""
-    configure_logging()
+    bad setting found before anything started. `log_format` None: SR_LOG_FORMAT, else text
+    on a terminal, json elsewhere (sr.router.logs)."""
     try:
-        return trio.run(_run_process, config, config_path, host, port, threads)
+        log_format = resolve_log_format(log_format, os.environ, sys.stderr)
+    except UsageError as error:
+        print(f"sr serve: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    configure_logging(log_format=log_format)
+    requests = AccessLog(enabled=access_log)
+    try:
+        return trio.run(_run_process, config, config_path, host, port, threads, requests)
     except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
         return 0
 
@@ -205,6 +222,7 @@ async def _run_process(
     host: str | None,
     port: int | None,
     threads: int | None,
+    access_log: AccessLog,
 ) -> int:
     failure: list[BaseException] = []
     started = _Started()
@@ -216,7 +234,7 @@ async def _run_process(
                 try:
                     await serve(
                         config, config_path=config_path, host=host, port=port,
-                        threads=threads, task_status=started,
+                        threads=threads, access_log=access_log, task_status=started,
                     )  # fmt: skip
                 except (SrError, OSError) as error:
                     failure.append(error)

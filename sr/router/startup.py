@@ -1,40 +1,83 @@
-"""What `sr serve` prints on stdout while it starts: one line per replica state change.
+"""What `sr serve` prints on stdout: its milestones, never a replica's state.
 
-Fed by the pool's `replica_state` events until the router is ready (after that the JSON
-logs on stderr carry state changes). Repeats of a replica's current state are not printed.
+Replica state changes are the log's (stderr, one line each in either log format); stdout,
+which a terminal shows beside it, carries only what a person or a script waits for:
+
+    sr: listening on http://127.0.0.1:8899 (starting; /ready answers 503 until ready)
+    sr: serving on http://127.0.0.1:8899: 1/2 replicas of primary ready
+    sr: all replicas ready (2/2)
+
+The serving line comes once every deployment has a ready replica (what /ready means) and
+counts the ready replicas of each; the all-ready line comes once, as soon as every replica
+of every deployment is ready: right after the serving line after a full start, later
+(on the replica state change that completes the set) after a partial one.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
+
+import attrs
+
+
+@attrs.frozen
+class ReplicaCount:
+    deployment: str
+    ready: int
+    desired: int
+
+
+def replica_counts(inventory: Mapping[str, Any]) -> list[ReplicaCount]:
+    """Ready and desired replicas of each deployment, from a pool inventory."""
+    return [
+        ReplicaCount(name, int(row.get("ready_replicas", 0)), int(row.get("desired_replicas", 0)))
+        for name, row in inventory.get("deployments", {}).items()
+    ]
+
+
+def serving_line(url: str, counts: list[ReplicaCount]) -> str:
+    """`sr: serving on URL: 1/2 replicas of primary ready` (`, 1/1 of rerank` per more)."""
+    if not counts:
+        return f"sr: serving on {url}"
+    first, *rest = counts
+    parts = [f"{first.ready}/{first.desired} replicas of {first.deployment}"]
+    parts += [f"{c.ready}/{c.desired} of {c.deployment}" for c in rest]
+    return f"sr: serving on {url}: {', '.join(parts)} ready"
+
+
+def all_ready(counts: list[ReplicaCount]) -> bool:
+    return bool(counts) and all(c.desired > 0 and c.ready >= c.desired for c in counts)
 
 
 class StartupProgress:
     def __init__(self, out: TextIO | None = None):
         self._out = out or sys.stdout
-        self._last: dict[tuple[str, str], str] = {}
-        self.done = False
-
-    def on_event(self, event: str, fields: dict[str, Any]) -> None:
-        if self.done or event != "replica_state":
-            return
-        deployment = str(fields.get("deployment", "?"))
-        replica = str(fields.get("replica", "?"))
-        state = str(fields.get("state", "?"))
-        if self._last.get((deployment, replica)) == state:
-            return
-        self._last[(deployment, replica)] = state
-        reason = fields.get("reason")
-        suffix = f" ({reason})" if reason else ""
-        self._print(f"sr: {deployment} replica {replica}: {state}{suffix}")
+        self._counts: Callable[[], list[ReplicaCount]] | None = None
+        self.all_ready_printed = False
 
     def listening(self, url: str) -> None:
         self._print(f"sr: listening on {url} (starting; /ready answers 503 until ready)")
 
-    def ready(self, url: str) -> None:
-        self.done = True
-        self._print(f"sr: ready, serving on {url}")
+    def ready(self, url: str, counts: Callable[[], list[ReplicaCount]]) -> None:
+        """The router is ready; `counts` reads the live replica counts from now on."""
+        self._counts = counts
+        self._print(serving_line(url, counts()))
+        self._check_all_ready()
+
+    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+        if event == "replica_state" and self._counts is not None:
+            self._check_all_ready()
+
+    def _check_all_ready(self) -> None:
+        if self.all_ready_printed or self._counts is None:
+            return
+        counts = self._counts()
+        if all_ready(counts):
+            self.all_ready_printed = True
+            total = sum(c.desired for c in counts)
+            self._print(f"sr: all replicas ready ({total}/{total})")
 
     def _print(self, line: str) -> None:
         print(line, file=self._out, flush=True)

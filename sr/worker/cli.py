@@ -1,25 +1,29 @@
 """`sr worker`: serve one model on one device over a Unix socket or loopback TCP.
 
 Prints one JSON line on stdout once listening (`{"listening": ..., "port": ...}`), so a
-caller that asked for port 0 learns the port; logs are JSON lines on stderr. SIGTERM or
-SIGINT stops gracefully: no new connections, in-flight requests finish (bounded).
-`--parent-fd N` ties the worker's life to a supervisor's (sr.worker.parent_watch).
+caller that asked for port 0 learns the port. Logs go to stderr in `--log-format` (the
+router's rule: the flag, else SR_LOG_FORMAT, else text on a terminal and json elsewhere;
+sr.router.logs), every line stamped with the worker's pid and, when given, `--deployment`
+and `--replica`: a worker names itself, so its lines say whose they are wherever they end
+up (a managed worker's are relayed by its router, an attached one's are its operator's).
+SIGTERM or SIGINT stops gracefully: no new connections, in-flight requests finish
+(bounded). `--parent-fd N` ties the worker's life to a supervisor's (sr.worker.parent_watch).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
-import time
 
+import attrs
 import trio
 
 from sr.errors import UsageError
 from sr.events import EventSink
+from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
 from sr.thread_budget import adaptive_mode
 from sr.worker.options import WorkerOptions
 from sr.worker.parent_watch import watch_parent_fd
@@ -46,32 +50,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--parent-fd", type=int, metavar="N")
+    p.add_argument("--log-format", choices=LOG_FORMATS)
+    p.add_argument("--deployment", help="deployment this worker serves (stamped on its logs)")
+    p.add_argument("--replica", help="replica id this worker is (stamped on its logs)")
     return p
 
 
-class _JsonLines(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if message.startswith("{"):
-            return message  # sr.events already wrote a JSON object
-        line = {
-            "ts": round(time.time(), 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": message,
-        }
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, separators=(",", ":"))
+@attrs.frozen
+class WorkerCommand:
+    """A parsed `sr worker` command line."""
+
+    options: WorkerOptions
+    listen: dict
+    parent_fd: int | None  # None when not given
+    log_format: str
+    log_context: dict  # deployment, replica and pid: stamped on every log line
 
 
 def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
-    options, listen, _ = parse_command(argv)
-    return options, listen
+    command = parse_command(argv)
+    return command.options, command.listen
 
 
-def parse_command(argv: list[str]) -> tuple[WorkerOptions, dict, int | None]:
-    """The options, the listen address and the `--parent-fd` (None when not given)."""
+def parse_command(argv: list[str]) -> WorkerCommand:
     args = _parser().parse_args(argv)
     if args.uds and (args.host or args.port is not None):
         raise UsageError("give either --uds PATH or --host/--port, not both")
@@ -96,7 +97,14 @@ def parse_command(argv: list[str]) -> tuple[WorkerOptions, dict, int | None]:
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )
-    return options, listen, _parent_fd(args.parent_fd)
+    context = {"deployment": args.deployment, "replica": args.replica, "pid": os.getpid()}
+    return WorkerCommand(
+        options=options,
+        listen=listen,
+        parent_fd=_parent_fd(args.parent_fd),
+        log_format=resolve_log_format(args.log_format, os.environ, sys.stderr),
+        log_context={key: value for key, value in context.items() if value is not None},
+    )
 
 
 def _parent_fd(fd: int | None) -> int | None:
@@ -113,20 +121,17 @@ def _parent_fd(fd: int | None) -> int | None:
 
 def main(argv: list[str]) -> int:
     try:
-        options, listen, parent_fd = parse_command(argv)
+        command = parse_command(argv)
         adaptive = adaptive_mode(os.environ)
     except UsageError as error:
         print(f"sr worker: {error}", file=sys.stderr)
         return 2
-    if parent_fd is not None:
+    options, listen = command.options, command.listen
+    if command.parent_fd is not None:
         # Before torch is imported (sr.worker.service): a parent that dies while we load
         # must not leave us loading a model for nobody.
-        watch_parent_fd(parent_fd)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonLines())
-    root = logging.getLogger("sr")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
+        watch_parent_fd(command.parent_fd)
+    configure_logging(log_format=command.log_format, context=command.log_context, worker=True)
     listening: list[str] = []  # filled once the socket is bound
     try:
         trio.run(_run, options, listen, adaptive, listening)

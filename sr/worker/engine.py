@@ -12,21 +12,27 @@ Rules, in one place:
 - The result cache (LRU over exact token ids) is only enabled when batching is invariant:
   then an answer does not depend on its batch, so a cached answer is the computed answer.
 - A submission whose caller went away is dropped from batches not yet started.
+- A submission notes when its first forward started and how long its forwards took; the
+  caller's request timing (sr.worker.timing) gets them when `compute` returns.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 
 import torch
 import trio
 
 from sr.errors import ForwardFailed
+from sr.worker import timing
 from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
 
-KINDS = ("embed", "classify", "rerank")
+# `embed_unnormalized`: the vector before the checkpoint's Normalize module (TEI's
+# `normalize: false`); a kind of its own so that cached rows never mix the two.
+KINDS = ("embed", "embed_unnormalized", "classify", "rerank")
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -42,7 +48,10 @@ class _Row:
 
 
 class _Submission:
-    __slots__ = ("abandoned", "done", "error", "kind", "remaining", "results", "rows")
+    __slots__ = (
+        "abandoned", "done", "error", "first_forward", "forward_s", "kind", "remaining",
+        "results", "rows",
+    )  # fmt: skip
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -52,6 +61,10 @@ class _Submission:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.abandoned = False
+        # For the request's timing (sr.worker.timing): when the first forward holding one
+        # of its rows started, and the seconds its forwards took (perf_counter clock).
+        self.first_forward: float | None = None
+        self.forward_s = 0.0
 
 
 class ResultCache:
@@ -93,7 +106,7 @@ class Engine:
         *,
         cross_request: bool,
         cache_rows: int = DEFAULT_CACHE_ROWS,
-        on_forward: Callable[[int, int, int], None] | None = None,
+        on_forward: Callable[[int, int, int, float], None] | None = None,
     ) -> None:
         self.model = model
         self.limits = limits
@@ -104,6 +117,7 @@ class Engine:
         self._runner = runner
         self._forward_fns = {
             "embed": lambda rows: model.embed([r.ids for r in rows]),
+            "embed_unnormalized": lambda rows: model.embed([r.ids for r in rows], normalize=False),
             "classify": lambda rows: model.classify_logits([r.ids for r in rows]),
             "rerank": lambda rows: model.rerank_logits(
                 [r.ids for r in rows], [r.second for r in rows]
@@ -111,7 +125,7 @@ class Engine:
         }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()
-        self._on_forward = on_forward  # (rows, padded tokens, requests) per forward
+        self._on_forward = on_forward  # (rows, padded tokens, requests, seconds) per forward
 
     @property
     def queued_rows(self) -> int:
@@ -141,6 +155,8 @@ class Engine:
                 slot = slot_of[key] = len(submission.rows)
                 submission.rows.append(_Row(ids, second, submission, slot))
             wanted.append((index, slot))
+        request_timing = timing.current()
+        submitted = time.perf_counter() if request_timing is not None else 0.0
         if submission.rows:
             submission.results = [None] * len(submission.rows)
             submission.remaining = len(submission.rows)
@@ -155,6 +171,10 @@ class Engine:
                 raise submission.error
             for index, slot in wanted:
                 answers[index] = submission.results[slot]
+        if request_timing is not None:
+            request_timing.add_submission(
+                submitted, submission.first_forward, submission.forward_s, sum(map(len, rows))
+            )
         return answers  # type: ignore[return-value]
 
     async def run(self) -> None:
@@ -189,13 +209,15 @@ class Engine:
         forward = self._forward_fns[kind]
         padded = padded_tokens([r.length for r in batch])
 
-        def work() -> list[list[float]]:
+        def work() -> tuple[list[list[float]], float, float]:
+            started = time.perf_counter()
             with torch.inference_mode():
                 out = self._runner.run(lambda: forward(batch), padded)
-                return out.detach().float().cpu().tolist()
+                values = out.detach().float().cpu().tolist()
+            return values, started, time.perf_counter() - started
 
         try:
-            outputs = await self._device.run(work)
+            outputs, started, seconds = await self._device.run(work)
         except Exception as error:  # a broken forward fails its requests, not the worker
             failure = ForwardFailed(f"forward failed: {type(error).__name__}: {error}")
             for submission in {r.submission for r in batch}:
@@ -205,8 +227,13 @@ class Engine:
             return
         finally:
             self.forwards += 1
+        submissions = {r.submission for r in batch}
+        for submission in submissions:
+            if submission.first_forward is None:
+                submission.first_forward = started
+            submission.forward_s += seconds
         if self._on_forward is not None:
-            self._on_forward(len(batch), padded, len({id(r.submission) for r in batch}))
+            self._on_forward(len(batch), padded, len(submissions), seconds)
         for row, values in zip(batch, outputs, strict=True):
             submission = row.submission
             submission.results[row.slot] = values

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from sr import request_id
 from sr.errors import UsageError
 from sr.h1_server import H1Server, open_listeners
 from sr.http_limits import HttpLimits
@@ -25,19 +26,12 @@ from sr.worker.service import WorkerService
 WORKER_HTTP_LIMITS = HttpLimits()
 
 
-REQUEST_ID_HEADER = b"x-request-id"
-MAX_REQUEST_ID_CHARS = 128
-
-
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The caller's `x-request-id` when it is 1-128 visible ASCII characters (the router
-    checks and sends it so; a direct caller's odd value is ignored, not refused)."""
+    """The caller's `x-request-id` (the router always sends one); a direct caller's odd
+    value is ignored rather than refused: the worker answers whoever can reach it."""
     for name, value in headers:
-        if name == REQUEST_ID_HEADER:
-            text = value.decode("latin-1")
-            if 0 < len(text) <= MAX_REQUEST_ID_CHARS and all("!" <= c <= "~" for c in text):
-                return text
-            return None
+        if name == request_id.HEADER:
+            return request_id.usable(value)
     return None
 
 

@@ -27,6 +27,7 @@ from sr.errors import (
     Unavailable,
 )
 from sr.events import EventSink
+from sr.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
 from sr.worker.engine import Engine
@@ -35,6 +36,7 @@ from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
 from sr.worker.tasks import Tasks
 from sr.worker.threads import ForwardRunner
+from sr.worker.timing import RequestTiming
 from sr.worker.warmup import ProbeResult, batch_invariance_probe, resolve_limits
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
@@ -106,6 +108,7 @@ class WorkerService:
             "/v1/classify": ("POST", lambda body: forward(body, "classify")),
             "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
             "/v1/rerank": ("POST", lambda body: forward(body, "rerank")),
+            "/v1/tokenize": ("POST", lambda body: forward(body, "tokenize")),
             "/v1/models": ("GET", self._models_route),
             "/health": ("GET", self._health_route),
             "/health/live": ("GET", self._live_route),
@@ -219,29 +222,50 @@ class WorkerService:
     async def handle(
         self, method: str, path: str, body: bytes, request_id: str | None = None
     ) -> Response:
+        """Answer one request. `request_id` (the router's, sr.request_id) is current while
+        it is answered, so its error body and log lines carry it."""
+        if request_id is None:
+            return await self._handle(method, path, body)
+        token = current_request_id.set(request_id)
+        try:
+            return await self._handle(method, path, body)
+        finally:
+            current_request_id.reset(token)
+
+    async def _handle(self, method: str, path: str, body: bytes) -> Response:
         route = self._routes.get(path)
         if route is None:
             if path == "/admin/faults" and self.options.fault_injection:
                 response = await self._faults_route(method, body)
             else:
                 response = _error(NotFound(f"no route {path}"))
-            self.metrics.requests.labels("other", str(response[0])).inc()
+            self.metrics.count_answer("other", response[0])
             return response
         allowed, answer = route
         if method != allowed:
             status, headers, payload = _error(MethodNotAllowed(f"{path} takes {allowed}"))
             response = status, [*headers, (b"allow", allowed.encode())], payload
+        elif allowed == "POST":  # the task routes: timed, answered with TEI's timing headers
+            with RequestTiming() as timing:
+                response = await self._answer(path, answer, body)
+            if response[0] == 200 and timing.computed:
+                response = response[0], [*response[1], *timing.headers()], response[2]
         else:
-            try:
-                response = await answer(body)
-            except RequestError as error:
-                extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-                response = error.status, [*JSON_HEADERS, *extra], error.body()
-            except Exception as error:  # a bug must not take the worker down
-                _log.exception("unexpected error on %s", path)
-                response = _error(RequestError(f"{type(error).__name__}: {error}"))
-        self.metrics.requests.labels(path, str(response[0])).inc()
+            response = await self._answer(path, answer, body)
+        self.metrics.count_answer(path, response[0])
         return response
+
+    async def _answer(
+        self, path: str, answer: Callable[[bytes], Awaitable[Response]], body: bytes
+    ) -> Response:
+        try:
+            return await answer(body)
+        except RequestError as error:
+            extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+            return error.status, [*JSON_HEADERS, *extra], error.body()
+        except Exception as error:  # a bug must not take the worker down
+            _log.exception("unexpected error on %s", path)
+            return _error(RequestError(f"{type(error).__name__}: {error}"))
 
     async def _forward_route(self, body: bytes, task: str) -> Response:
         if self.state != "ready":
@@ -303,6 +327,7 @@ class WorkerService:
             "limits": engine.limits.card() if engine else None,
             "overflow": options.overflow,
             "embedding_dim": getattr(model, "embedding_dim", None),
+            "pooling": list(getattr(model, "pooling_modes", None) or []) or None,
             "head_labels": getattr(model, "head_labels", None),
             "head_activation": getattr(model, "head_activation", None),
             "golden": self.golden,

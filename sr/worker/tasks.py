@@ -9,8 +9,10 @@ is plain Python on the floats the device thread returned, so no torch runs on th
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -22,13 +24,20 @@ ZERO_SHOT_TEMPERATURE = 0.05
 # Tokenizing more characters than this moves to a helper thread so the event loop stays free.
 _INLINE_TOKENIZE_CHARS = 16_384
 
-# Every field OpenAI documents for embeddings; `user` is accepted and not used.
+# Every field OpenAI documents for embeddings; `user` is accepted and not used. `normalize`
+# and `add_special_tokens` are sr extensions (what TEI's /embed needs).
 _EMBEDDINGS_FIELDS = frozenset(
-    {"model", "input", "encoding_format", "dimensions", "user", "truncate"}
-)
+    {
+        "model", "input", "encoding_format", "dimensions", "user", "truncate", "normalize",
+        "add_special_tokens",
+    }
+)  # fmt: skip
 _CLASSIFY_FIELDS = frozenset({"model", "input", "labels", "truncate"})
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
-_RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents", "truncate"})
+_RERANK_FIELDS = frozenset(
+    {"model", "query", "documents", "top_n", "return_documents", "truncate", "raw_scores"}
+)
+_TOKENIZE_FIELDS = frozenset({"model", "input", "add_special_tokens"})
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 
 
@@ -58,17 +67,36 @@ class Tasks:
                 raise InvalidRequest(
                     f"dimensions: {dimensions} exceeds this model's embedding size {size}"
                 )
+        # Absent: the checkpoint's own chain. False: the vector before its Normalize module;
+        # true: unit length, normalised here when the checkpoint has no Normalize.
+        normalize = None
+        if "normalize" in body:
+            normalize = v.boolean(body["normalize"], "normalize")
+        add_special = v.boolean(body.get("add_special_tokens", True), "add_special_tokens")
         kind, items, fields = v.embedding_inputs(body["input"], self._vocab_size)
-        if kind == "ids":
+        if kind == "ids" and add_special:
             # The caller's ids are the text's tokens; the special tokens go around them
             # as around a text, and the overflow rule applies to the framed row.
             framed = [self.model.with_special_tokens(ids) for ids in items]
             rows, usage = self._limit(framed, fields, self._overflow(body))
+        elif kind == "ids":
+            # Whole rows, special tokens included (as /v1/tokenize gives them): embedded as
+            # given, and a row over the limit is cut as it stands.
+            rows, usage = self._limit(list(items), fields, self._overflow(body), cut=_head)
+        elif not add_special:
+            raise InvalidRequest(
+                "add_special_tokens: false applies to token-id input only; a text always gets "
+                "the model's special tokens"
+            )
         else:
             rows, usage = await self._rows(items, fields, self._overflow(body))
-        vectors = await self.engine.compute("embed", rows)
+        unnormalized = normalize is False and self.model.normalize
+        vectors = await self.engine.compute("embed_unnormalized" if unnormalized else "embed", rows)
         if dimensions is not None and dimensions < size:
-            vectors = [_shorten(vec, dimensions, self.model.normalize) for vec in vectors]
+            unit = self.model.normalize if normalize is None else normalize
+            vectors = [_shorten(vec, dimensions, unit) for vec in vectors]
+        elif normalize and not self.model.normalize:
+            vectors = [_unit(vec) for vec in vectors]
         if encoding == "base64":
             vectors = [_base64_float32(vec) for vec in vectors]
         data = [
@@ -190,6 +218,8 @@ class Tasks:
         documents, fields = v.text_list(body["documents"], "documents")
         top_n = v.positive_int(body["top_n"], "top_n") if "top_n" in body else len(documents)
         return_documents = v.boolean(body.get("return_documents", False), "return_documents")
+        # The head's logit itself (TEI's raw_scores), not its sigmoid, which saturates.
+        raw_scores = v.boolean(body.get("raw_scores", False), "raw_scores")
         labels = self.model.head_labels
         if not labels:
             raise InvalidRequest(
@@ -204,7 +234,7 @@ class Tasks:
         pairs, usage = await self._pairs(query, documents, fields, self._overflow(body))
         rows = [ids for ids, _ in pairs]
         logits = await self.engine.compute("rerank", rows, [second for _, second in pairs])
-        scores = [_sigmoids(row)[0] for row in logits]
+        scores = [row[0] if raw_scores else _sigmoids(row)[0] for row in logits]
         order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))[:top_n]
         results = []
         for index in order:
@@ -213,6 +243,30 @@ class Tasks:
                 result["document"] = {"text": documents[index]}
             results.append(result)
         return {"model": model_name, "results": results, "usage": usage}
+
+    async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Each text as the model's tokenizer splits it, one entry per token: its id, its
+        text (the input's own characters; the token itself for a special one), whether it is
+        special, and its code-point offsets [start, stop) into the input (null for special
+        tokens). Nothing is truncated; no forward runs."""
+        v.check_fields(body, allowed=_TOKENIZE_FIELDS, required=("input",))
+        model_name = self._served_model(body)
+        texts, _fields = v.inputs(body["input"])
+        add_special = v.boolean(body.get("add_special_tokens", True), "add_special_tokens")
+        encode = functools.partial(
+            self.model.tokenizer.encode_batch, texts, add_special_tokens=add_special
+        )
+        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
+            encodings = await trio.to_thread.run_sync(encode)
+        else:
+            encodings = encode()
+        rows = [
+            _token_entries(text, encoding) for text, encoding in zip(texts, encodings, strict=True)
+        ]
+        data = [{"index": index, "tokens": row} for index, row in enumerate(rows)]
+        tokens = sum(map(len, rows))
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "model": model_name, "data": data, "usage": usage}
 
     async def _pairs(
         self, query: str, documents: list[str], fields: list[str], overflow: str
@@ -256,15 +310,21 @@ class Tasks:
         return self._limit(await self._tokenize(texts), fields, overflow)
 
     def _limit(
-        self, rows: list[list[int]], fields: list[str], overflow: str
+        self,
+        rows: list[list[int]],
+        fields: list[str],
+        overflow: str,
+        cut: Callable[[list[int], int], list[int]] | None = None,
     ) -> tuple[list[list[int]], dict]:
-        """Apply the overflow rule per row and account the tokens in `usage`."""
+        """Apply the overflow rule per row and account the tokens in `usage`. Rows are cut
+        by `cut` (default: the model's, which keeps the closing special tokens)."""
         limit = self.max_input_tokens
+        cut = cut or self.model.truncate
         truncated: list[str] = []
         for index, ids in enumerate(rows):
             if len(ids) > limit:
                 self._check_length(ids, fields[index], overflow)
-                rows[index] = self.model.truncate(ids, limit)
+                rows[index] = cut(ids, limit)
                 truncated.append(fields[index])
         tokens = sum(map(len, rows))
         usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
@@ -329,12 +389,43 @@ def _sigmoids(scores: list[float]) -> list[float]:
 
 def _shorten(vector: list[float], dimensions: int, normalize: bool) -> list[float]:
     """OpenAI's `dimensions`: the first `dimensions` values, back at unit length when the
-    model's vectors are (a checkpoint with a Normalize module); else cut as they are."""
+    answer is to be (a checkpoint with a Normalize module, or `normalize: true`); else cut
+    as they are."""
     head = vector[:dimensions]
-    if not normalize:
-        return head
-    norm = math.sqrt(math.fsum(x * x for x in head))
-    return [x / norm for x in head] if norm > 0.0 else head
+    return _unit(head) if normalize else head
+
+
+def _unit(vector: list[float]) -> list[float]:
+    norm = math.sqrt(math.fsum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0.0 else vector
+
+
+def _head(ids: list[int], max_tokens: int) -> list[int]:
+    return ids[:max_tokens]
+
+
+def _token_entries(text: str, encoding) -> list[dict[str, Any]]:
+    """One tokenizers Encoding as token entries; offsets are Python's (code points)."""
+    entries = []
+    spans = zip(
+        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
+    )
+    for token_id, token, (start, stop), special in spans:
+        if special:
+            entries.append(
+                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
+            )
+        else:
+            entries.append(
+                {
+                    "id": token_id,
+                    "text": text[start:stop],
+                    "special": False,
+                    "start": start,
+                    "stop": stop,
+                }
+            )
+    return entries
 
 
 def _base64_float32(vector: list[float]) -> str:

@@ -33,7 +33,7 @@ def test_sr_serve_without_a_config_writes_one_and_serves_the_embedded_minilm(tmp
         assert len(vector) == 384
         assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-5)  # normalised
         assert max(abs(a - b) for a, b in zip(vector, reference, strict=True)) <= 1e-5
-        ready_line = "sr: ready, serving on " + router.url
+        ready_line = f"sr: serving on {router.url}: 1/1 replicas of primary ready"
         # /ready can turn 200 a moment before the CLI prints its line.
         poll_until(lambda: ready_line in router.stdout_text(), 10, "the ready line")
     finally:

@@ -76,11 +76,23 @@ def test_every_documented_field(client, server):
     assert len(answer.data[0].embedding) == 4
 
 
+def test_the_request_id_is_the_callers_or_a_new_one(client):
+    raw = client.embeddings.with_raw_response.create(model="primary", input="hello")
+    assert len(raw.headers["x-request-id"]) == 32
+    mine = client.embeddings.with_raw_response.create(
+        model="primary", input="hello again", extra_headers={"X-Request-Id": "sdk-call-1"}
+    )
+    assert mine.headers["x-request-id"] == "sdk-call-1"
+    assert mine.parse()._request_id == "sdk-call-1"  # what the SDK shows its user
+    assert int(mine.headers["x-compute-tokens"]) == mine.parse().usage.prompt_tokens
+
+
 def test_models_retrieve_and_list(client, server):
     listed = client.models.list()
     assert [m.id for m in listed.data] == ["primary"]
     primary = client.models.retrieve("primary")
     assert primary.id == "primary" and primary.object == "model"
+    assert primary.owned_by == "sr" and primary.created > 0
     assert primary.model_dump() == listed.data[0].model_dump()
     by_artifact = client.models.retrieve(server.artifact)  # an absolute path: slashes
     assert by_artifact.id == "primary"
@@ -100,6 +112,9 @@ def test_errors_carry_type_param_and_code(client):
     assert error.param == "dimensions"
     assert error.code == "invalid_request"
     assert "embedding size 32" in error.message
+    # The worker refused it: the router's request id travelled to the worker's process and
+    # came back in its error body, the same id the SDK read from the answer's header.
+    assert error.request_id and error.body["request_id"] == error.request_id
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="primary", input=[[7592], [2088, 10**9]])
     assert caught.value.param == "input[1][1]"

@@ -38,6 +38,8 @@ def test_health_ready_startup_models_inventory(router):
         {
             "id": "primary",
             "object": "model",
+            "created": models[0]["created"],
+            "owned_by": "sr",
             "artifact": router.artifact,
             "replicas": 2,
             "ready_replicas": models[0]["ready_replicas"],

@@ -66,8 +66,9 @@ bodies = st.one_of(
 )
 
 
-def assert_well_formed(answer: httpx.Response, what: str) -> None:
-    """Never a 5xx; a 4xx is `{"error": {"code", "message"}}`; a 2xx parses."""
+def assert_well_formed(answer: httpx.Response, what: str, *, tei: bool = False) -> None:
+    """Never a 5xx; a 4xx is `{"error": {"code", "message"}}` (TEI's routes: `{"error":
+    message, "error_type"}`, sr.router.tei); a 2xx parses."""
     status = answer.status_code
     assert status < 500, f"{what}: {status} {answer.content[:300]!r}"
     if status >= 400:
@@ -76,6 +77,11 @@ def assert_well_formed(answer: httpx.Response, what: str) -> None:
         except ValueError:
             text = answer.content[:300]
             raise AssertionError(f"{what}: {status} is not JSON: {text!r}") from None
+        if tei:
+            assert isinstance(body, dict), f"{what}: {body!r:.300}"
+            assert isinstance(body.get("error"), str) and body["error"], f"{what}: {body!r:.300}"
+            assert isinstance(body.get("error_type"), str), f"{what}: {body!r:.300}"
+            return
         assert isinstance(body, dict) and set(body) == {"error"}, f"{what}: {body!r:.300}"
         error = body["error"]
         assert isinstance(error.get("code"), str) and error["code"], f"{what}: {body!r:.300}"

@@ -148,7 +148,7 @@ def router(monkeypatch):
     calls = []
     module = types.ModuleType("sr.router.serve")
 
-    def run_sr_serve(config, *, config_path, host, port, threads):
+    def run_sr_serve(config, *, config_path, host, port, threads, log_format, access_log):
         calls.append(config)
         return 0
 

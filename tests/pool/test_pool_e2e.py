@@ -49,6 +49,7 @@ async def test_sigkilled_worker_is_restarted_while_the_other_serves(tiny_model_d
         victim, survivor = rows(core)
         os.kill(victim["pid"], signal.SIGKILL)
         await wait_until(lambda: rows(core)[0]["state"] == "restarting", 5)
+        assert rows(core)[0]["reason"].startswith("killed by SIGKILL; restarting in ")
         answered = set()
         with trio.fail_after(30):
             while rows(core)[0]["state"] != "ready":  # the survivor answers meanwhile

@@ -58,6 +58,9 @@ class FakeRouterCore:
         self.reloads: list[SrConfig] = []
         self.reload_error: Exception | None = None
         self.wait_ready_error: SrError | None = None
+        self.replica_scrapes: list = []
+        self.request_ids: list[str | None] = []
+        self.scrape_timeouts: list[float] = []
 
     def resolve(self, model: str) -> str:
         for name, deployment in self.config.deployments.items():
@@ -65,8 +68,9 @@ class FakeRouterCore:
                 return name
         raise ModelNotFound(f"model {model!r} is not a deployment or its artifact")
 
-    async def request_raw(self, deployment, path, body, timeout_s=None):
+    async def request_raw(self, deployment, path, body, timeout_s=None, request_id=None):
         self.calls.append((deployment, path, body, timeout_s))
+        self.request_ids.append(request_id)
         return await self.handler(deployment, path, body, timeout_s)
 
     def inventory(self) -> dict[str, Any]:
@@ -98,6 +102,11 @@ class FakeRouterCore:
                 "replicas": replicas,
             }
         return {"deployments": deployments}
+
+    async def replica_metrics(self, timeout_s: float) -> list:
+        """The scripted scrapes (sr.pool.core.ReplicaScrape values); none by default."""
+        self.scrape_timeouts.append(timeout_s)
+        return list(self.replica_scrapes)
 
     def startup_status(self) -> dict[str, Any]:
         return {"ready": self.ready, "deployments": self.inventory()["deployments"]}

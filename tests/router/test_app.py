@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import trio
@@ -140,8 +141,15 @@ async def test_pool_errors_map_to_wire_errors(error, status, code):
     app, _ = build(handler=raising(error))
     answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "hi"})
     assert answer.status == status
+    request_id = answer.headers["x-request-id"]
     assert answer.json() == {
-        "error": {"code": code, "message": error.message, "type": "server_error", "param": None}
+        "error": {
+            "code": code,
+            "message": error.message,
+            "type": "server_error",
+            "param": None,
+            "request_id": request_id,
+        }
     }
     if code == "overloaded":
         assert answer.headers["retry-after"] == "1"
@@ -226,12 +234,15 @@ async def test_health_ready_startup_status_inventory_models():
     assert by_id["primary"] == {
         "id": "primary",
         "object": "model",
+        "created": by_id["primary"]["created"],
+        "owned_by": "sr",
         "artifact": "/models/primary",
         "replicas": 2,
         "ready_replicas": 2,
         "ready": True,
     }
     assert by_id["solo"]["replicas"] == 1
+    assert abs(by_id["primary"]["created"] - time.time()) < 60  # OpenAI's Unix seconds
 
 
 async def test_api_keys_guard_everything_but_health_and_ready():

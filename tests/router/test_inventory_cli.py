@@ -7,7 +7,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
+from sr.config.load import dump_config
+from sr.config.schema import default_config
 from sr.router import inventory_cli
 from sr.router.inventory_table import render_inventory
 
@@ -134,3 +137,129 @@ def test_usage_errors_are_one_line_exit_2(argv, capsys):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sr inventory: error: ")
     assert captured.out == ""
+
+
+# -- which router: --url, else the listener of --config ----------------------------------
+def _config_with_listeners(path, listeners):
+    """The default config with these (host, port) listeners; none: no `listeners` key."""
+    config = yaml.safe_load(dump_config(default_config()))
+    config.pop("listeners")
+    if listeners:
+        config["listeners"] = [{"host": host, "port": port} for host, port in listeners]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("listeners", "url"),
+    [
+        ([("10.1.2.3", 9001)], "http://10.1.2.3:9001"),
+        ([("0.0.0.0", 9003)], "http://127.0.0.1:9003"),  # every address: ask on loopback
+        ([("::", 9004)], "http://[::1]:9004"),
+        ([("fd00::7", 9005)], "http://[fd00::7]:9005"),
+        ([], "http://127.0.0.1:8899"),  # sr serve's default listener
+    ],
+)
+def test_the_url_comes_from_the_config_listener(tmp_path, listeners, url):
+    path = _config_with_listeners(tmp_path / "c.yaml", listeners)
+    assert inventory_cli.router_url(None, str(path)) == url
+    assert inventory_cli.router_url("http://h:1", str(path)) == "http://h:1"  # --url wins
+
+
+def test_without_flags_the_config_in_the_working_folder_is_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert inventory_cli.router_url(None, None) == "http://127.0.0.1:8899"  # none here
+    _config_with_listeners(tmp_path / "config.yaml", [("127.0.0.1", 9010)])
+    assert inventory_cli.router_url(None, None) == "http://127.0.0.1:9010"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, "no config at {path}"),
+        ("global: {nonsense: 1}\n", "{path}: "),
+        ("a: [\n", "{path}:"),
+    ],
+    ids=["missing", "invalid", "not yaml"],
+)
+def test_a_config_that_cannot_name_the_router_is_one_line_exit_2(tmp_path, capsys, text, expected):
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert inventory_cli.main(["--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and captured.out == ""
+    assert lines[0].startswith("sr inventory: error: " + expected.format(path=path))
+    assert "Traceback" not in captured.err
+
+
+def test_a_listener_on_port_0_cannot_be_asked(tmp_path, capsys):
+    path = _config_with_listeners(tmp_path / "c.yaml", [("127.0.0.1", 0)])
+    assert inventory_cli.main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"sr inventory: error: {path}: the listener's port is 0 (picked at start); give --url\n"
+    )
+
+
+# -- --watch across router restarts -------------------------------------------------------
+class _Restartable:
+    """A fake router on one fixed port that can go away and come back."""
+
+    def __init__(self) -> None:
+        self.server: ThreadingHTTPServer | None = None
+        self.thread: threading.Thread | None = None
+        self.start(0)
+        self.port = self.server.server_address[1]
+
+    def start(self, port: int | None = None) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port if port is None else port),
+                                          _InventoryHandler)  # fmt: skip
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.thread.join(5)
+            self.server = None
+
+
+def test_watch_waits_while_the_router_is_away_and_resumes(capsys, monkeypatch):
+    router = _Restartable()
+    router.stop()  # not up yet when the watch begins
+    url = f"http://127.0.0.1:{router.port}"
+    script = [router.start, router.stop, router.start]
+    sleeps = []
+
+    def fake_sleep(seconds):
+        sleeps.append(seconds)
+        if not script:
+            raise KeyboardInterrupt
+        script.pop(0)()
+
+    monkeypatch.setattr(inventory_cli.time, "sleep", fake_sleep)
+    try:
+        argv = ["--url", url, "--api-key", "k", "--watch", "--interval", "0.01"]
+        assert inventory_cli.main(argv) == 0
+    finally:
+        router.stop()
+    screens = capsys.readouterr().out.split(inventory_cli.CLEAR_SCREEN)[1:]
+    assert len(screens) == 4 and sleeps == [0.01] * 4
+    bodies = [screen.split("\n\n", 1)[1] for screen in screens]
+    assert [body.startswith(f"waiting for {url} (not listening)") for body in bodies] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert "primary-1" in bodies[1] and "primary-1" in bodies[3]
+
+
+def test_watch_still_stops_on_an_answer_waiting_will_not_fix(inventory_url, capsys, monkeypatch):
+    monkeypatch.setattr(inventory_cli.time, "sleep", lambda s: None)
+    assert inventory_cli.main(["--url", inventory_url, "--watch"]) == 1  # no API key
+    assert "needs an API key" in capsys.readouterr().err

@@ -67,6 +67,7 @@ async def test_router_errors_carry_type_and_param():
         "message": "model: field is required",
         "type": "invalid_request_error",
         "param": "model",
+        "request_id": missing.headers["x-request-id"],
     }
     unknown = await call(app, "POST", "/v1/embeddings", {"model": "nope", "input": "x"})
     assert unknown.status == 404

@@ -114,9 +114,9 @@ def test_a_parent_fd_that_is_not_open_is_a_one_line_usage_error(tmp_path, capsys
 def test_parent_fd_is_optional_and_parsed_when_given():
     read_fd, write_fd = os.pipe()
     try:
-        assert parse_command(["--artifact", "x", "--port", "0"])[2] is None
+        assert parse_command(["--artifact", "x", "--port", "0"]).parent_fd is None
         argv = ["--artifact", "x", "--port", "0", "--parent-fd", str(read_fd)]
-        assert parse_command(argv)[2] == read_fd
+        assert parse_command(argv).parent_fd == read_fd
     finally:
         os.close(read_fd)
         os.close(write_fd)

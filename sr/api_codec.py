@@ -1,0 +1,344 @@
+"""Bodies out and answers in for RouterCore's typed helpers (the results: sr.api).
+
+The rules:
+
+- A helper sends the body an HTTP caller of the same route would send, so the worker
+  validates it and its errors name the same fields (`input[1]: ...`). `model` is always
+  the deployment's artifact, as the router front end sends it (RouterCore adds it).
+- An error answer from a worker becomes the sr.errors class with its (status, code),
+  carrying the worker's message and `param`; a pair sr does not know keeps the worker's
+  status and code on a plain RequestError, so nothing is relabelled. RouterCore.request
+  uses the same mapping.
+- An answer that does not have the documented shape (an attached worker of another
+  version, say) is WorkerFailed naming what was wrong, never a KeyError or TypeError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeGuard
+
+from sr.api import (
+    Classification,
+    Classifications,
+    Decision,
+    Decisions,
+    Embeddings,
+    Question,
+    Reranking,
+    RerankResult,
+    Usage,
+)
+from sr.errors import (
+    DeadlineExceeded,
+    ForwardFailed,
+    InvalidApiKey,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    Overloaded,
+    RequestError,
+    RequestTooLarge,
+    Unavailable,
+    WorkerFailed,
+)
+from sr.jsonbody import dump_json, json_kind
+
+# -- request bodies -----------------------------------------------------------------
+
+
+def embeddings_body(
+    texts: str | Sequence[str], *, dimensions: int | None, truncate: bool | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"input": _texts(texts)}
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    return _with_truncate(body, truncate)
+
+
+def classify_body(
+    texts: str | Sequence[str], *, labels: Mapping[str, str] | None, truncate: bool | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"input": _texts(texts)}
+    if labels is not None:
+        body["labels"] = dict(labels)
+    return _with_truncate(body, truncate)
+
+
+def decisions_body(
+    state: str, questions: Mapping[str, Question], *, truncate: bool | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"state": state, "questions": {}}
+    for qid, question in questions.items():
+        if not _is_question(question):  # an untyped caller's dict
+            raise InvalidRequest(
+                f"questions.{qid}: expected sr.Question, got {type(question).__name__}"
+            )
+        body["questions"][qid] = question.to_body()
+    return _with_truncate(body, truncate)
+
+
+def rerank_body(
+    query: str, documents: Sequence[str], *, top_n: int | None, truncate: bool | None
+) -> dict[str, Any]:
+    if isinstance(documents, str):  # a str is a Sequence[str]; one document is a mistake
+        raise InvalidRequest("documents: expected a list of strings, got a string")
+    body: dict[str, Any] = {"query": query, "documents": list(documents)}
+    if top_n is not None:
+        body["top_n"] = top_n
+    return _with_truncate(body, truncate)
+
+
+def _is_question(value: object) -> bool:
+    return isinstance(value, Question)
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """Compact JSON; a value JSON cannot carry (bytes, a set) is the caller's error."""
+    try:
+        return dump_json(body)
+    except (TypeError, ValueError) as error:
+        raise InvalidRequest(f"body: cannot be sent as JSON: {error}") from None
+
+
+def _texts(texts: str | Sequence[str]) -> str | list[str]:
+    # A str is itself a Sequence[str]: sent as one text, never as its characters.
+    return texts if isinstance(texts, str) else list(texts)
+
+
+def _with_truncate(body: dict[str, Any], truncate: bool | None) -> dict[str, Any]:
+    if truncate is not None:
+        body["truncate"] = truncate
+    return body
+
+
+# -- answers ------------------------------------------------------------------------
+
+
+def parse_embeddings(answer: bytes, deployment: str, *, count: int) -> Embeddings:
+    reader = _Reader(answer)
+    rows = reader.array(reader.root, "data")
+    vectors: list[tuple[float, ...] | None] = [None] * count
+    if len(rows) != count:
+        raise reader.malformed(f"data: {len(rows)} embeddings for {count} inputs")
+    for position, row in enumerate(rows):
+        where = f"data[{position}]"
+        item = reader.obj(row, where)
+        index = reader.index(item, f"{where}.index", count)
+        values = reader.array(item, "embedding", where=f"{where}.")
+        vectors[index] = tuple(reader.number(v, f"{where}.embedding") for v in values)
+    if any(vector is None for vector in vectors):
+        raise reader.malformed("data: an index appears twice")
+    return Embeddings(
+        vectors=tuple(v for v in vectors if v is not None),
+        model=reader.text(reader.root, "model"),
+        deployment=deployment,
+        usage=reader.usage(),
+    )
+
+
+def parse_classifications(answer: bytes, deployment: str, *, count: int) -> Classifications:
+    reader = _Reader(answer)
+    rows = reader.array(reader.root, "results")
+    if len(rows) != count:
+        raise reader.malformed(f"results: {len(rows)} results for {count} inputs")
+    results: list[Classification | None] = [None] * count
+    for position, row in enumerate(rows):
+        where = f"results[{position}]"
+        item = reader.obj(row, where)
+        index = reader.index(item, f"{where}.index", count)
+        results[index] = Classification(
+            index=index,
+            label=reader.text(item, "label", where=f"{where}."),
+            probabilities=reader.probabilities(item, where),
+        )
+    if any(result is None for result in results):
+        raise reader.malformed("results: an index appears twice")
+    return Classifications(
+        results=tuple(r for r in results if r is not None),
+        model=reader.text(reader.root, "model"),
+        deployment=deployment,
+        usage=reader.usage(),
+    )
+
+
+def parse_decisions(answer: bytes, deployment: str, *, question_ids: Sequence[str]) -> Decisions:
+    reader = _Reader(answer)
+    raw = reader.obj(reader.root.get("answers"), "answers")
+    answers: dict[str, Decision] = {}
+    for qid in question_ids:  # the request's order, whatever order the JSON had
+        where = f"answers.{qid}"
+        item = reader.obj(raw.get(qid), where)
+        answers[qid] = Decision(
+            type=reader.text(item, "type", where=f"{where}."),
+            choice=reader.text(item, "choice", where=f"{where}."),
+            probabilities=reader.probabilities(item, where),
+            confidence=reader.number(item.get("confidence"), f"{where}.confidence"),
+        )
+    if len(raw) != len(answers):
+        raise reader.malformed(f"answers: {sorted(set(raw) - set(answers))} were not asked")
+    return Decisions(
+        answers=answers,
+        model=reader.text(reader.root, "model"),
+        deployment=deployment,
+        usage=reader.usage(),
+    )
+
+
+def parse_reranking(answer: bytes, deployment: str, *, documents: Sequence[str]) -> Reranking:
+    reader = _Reader(answer)
+    results: list[RerankResult] = []
+    for position, row in enumerate(reader.array(reader.root, "results")):
+        where = f"results[{position}]"
+        item = reader.obj(row, where)
+        index = reader.index(item, f"{where}.index", len(documents))
+        score = reader.number(item.get("relevance_score"), f"{where}.relevance_score")
+        # The text comes from the caller's own list: no need to ask the worker to echo it.
+        results.append(RerankResult(index=index, score=score, document=documents[index]))
+    return Reranking(
+        results=tuple(results),
+        model=reader.text(reader.root, "model"),
+        deployment=deployment,
+        usage=reader.usage(),
+    )
+
+
+class _Reader:
+    """Typed reads from one worker answer; every shape error is WorkerFailed."""
+
+    def __init__(self, answer: bytes) -> None:
+        try:
+            root = json.loads(answer)
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:
+            raise self.malformed(f"not JSON ({error})") from None
+        self.root: dict[str, Any] = self.obj(root, "answer")
+
+    @staticmethod
+    def malformed(detail: str) -> WorkerFailed:
+        return WorkerFailed(f"malformed answer from the worker: {detail}")
+
+    def obj(self, value: Any, where: str) -> dict[str, Any]:
+        if not _is_json_object(value):
+            raise self.malformed(f"{where}: expected an object, got {json_kind(value)}")
+        return value
+
+    def array(self, parent: dict[str, Any], key: str, *, where: str = "") -> list[Any]:
+        value = parent.get(key)
+        if not _is_json_array(value):
+            raise self.malformed(f"{where}{key}: expected an array, got {json_kind(value)}")
+        return value
+
+    def text(self, parent: dict[str, Any], key: str, *, where: str = "") -> str:
+        value = parent.get(key)
+        if not isinstance(value, str):
+            raise self.malformed(f"{where}{key}: expected a string, got {json_kind(value)}")
+        return value
+
+    def integer(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.malformed(f"{where}: expected an integer, got {json_kind(value)}")
+        return value
+
+    def number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.malformed(f"{where}: expected a number, got {json_kind(value)}")
+        return float(value)
+
+    def index(self, item: dict[str, Any], where: str, count: int) -> int:
+        index = self.integer(item.get("index"), where)
+        if not 0 <= index < count:
+            raise self.malformed(f"{where}: {index} is outside [0, {count})")
+        return index
+
+    def probabilities(self, item: dict[str, Any], where: str) -> dict[str, float]:
+        raw = self.obj(item.get("probabilities"), f"{where}.probabilities")
+        return {k: self.number(p, f"{where}.probabilities.{k}") for k, p in raw.items()}
+
+    def usage(self) -> Usage:
+        raw = self.obj(self.root.get("usage"), "usage")
+        truncated: list[str] = []  # present only when something was cut
+        if "truncated_inputs" in raw:
+            for position, field in enumerate(self.array(raw, "truncated_inputs", where="usage.")):
+                where = f"usage.truncated_inputs[{position}]"
+                if not isinstance(field, str):
+                    raise self.malformed(f"{where}: expected a string, got {json_kind(field)}")
+                truncated.append(field)
+        return Usage(
+            prompt_tokens=self.integer(raw.get("prompt_tokens"), "usage.prompt_tokens"),
+            total_tokens=self.integer(raw.get("total_tokens"), "usage.total_tokens"),
+            truncated_inputs=tuple(truncated),
+        )
+
+
+# TypeGuards rather than bare isinstance: what JSON holds is typed Any (mypy) or
+# Unknown (pyright) until read, and both checkers take these the same way.
+def _is_json_object(value: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(value, dict)
+
+
+def _is_json_array(value: object) -> TypeGuard[list[Any]]:
+    return isinstance(value, list)
+
+
+# -- errors -------------------------------------------------------------------------
+
+# The classes a worker's error answer can name, by (status, code): `code` alone is not
+# enough (500 and 502 are both worker_failed), nor is the status (404 is not_found or
+# model_not_found).
+_WORKER_ERRORS: dict[tuple[int, str], type[RequestError]] = {
+    (cls.status, cls.code): cls
+    for cls in (
+        InvalidRequest,
+        InvalidApiKey,
+        NotFound,
+        ModelNotFound,
+        MethodNotAllowed,
+        RequestTooLarge,
+        ForwardFailed,
+        WorkerFailed,
+        Overloaded,
+        Unavailable,
+        DeadlineExceeded,
+    )
+}
+
+
+def error_from_answer(status: int, headers: Mapping[str, str], body: bytes) -> RequestError:
+    """The sr.errors instance for a worker's error answer (status >= 400)."""
+    code, message, param = _error_fields(body)
+    cls = _WORKER_ERRORS.get((status, code or ""))
+    if cls is Overloaded:
+        return Overloaded(message, retry_after_s=_retry_after_s(headers))
+    if cls is not None:
+        return cls(message, param=param)
+    error = RequestError(message, param=param)
+    # Not an sr pair (an attached worker of another kind): keep its words, relabel nothing.
+    error.status = status
+    error.code = code or f"http_{status}"
+    return error
+
+
+def _error_fields(body: bytes) -> tuple[str | None, str, str | None]:
+    """(code, message, param) of an OpenAI-shaped error body; else the raw text."""
+    try:
+        error = json.loads(body)["error"]
+        code, message, param = error.get("code"), error["message"], error.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None, body[:200].decode("utf-8", "replace"), None
+    return (
+        code if isinstance(code, str) else None,
+        str(message),
+        param if isinstance(param, str) else None,
+    )
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> int:
+    for name, value in headers.items():
+        if name.lower() == "retry-after":
+            try:
+                return max(1, int(value))
+            except ValueError:
+                break
+    return 1

@@ -1,0 +1,156 @@
+"""The worker's timing headers (TEI's names and units) and its /metrics text: probes
+counted apart, forward durations, no `_created` series."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import trio
+import trio.testing
+from worker_fakes import fake_service_kwargs, get, post, running
+
+from sr.worker.options import WorkerOptions
+from sr.worker.timing import RequestTiming, forwarded
+from tests.metrics_text import named, promtool_check, samples
+
+# text-embeddings-inference's router (ResponseMetadata -> HeaderMap): whole milliseconds,
+# and the request's tokens.
+TEI_HEADERS = (
+    "x-compute-time", "x-compute-tokens", "x-total-time", "x-tokenization-time",
+    "x-queue-time", "x-inference-time",
+)  # fmt: skip
+HOLD_S = 0.3
+
+
+def fake_worker(model):
+    return running(WorkerOptions(artifact="fake"), **fake_service_kwargs(model))
+
+
+async def answer(service, path: str, body: dict) -> tuple[int, dict[str, str], dict]:
+    status, headers, payload = await service.handle("POST", path, json.dumps(body).encode())
+    return status, {k.decode(): v.decode() for k, v in headers}, json.loads(payload)
+
+
+def timing_of(headers: dict[str, str]) -> dict[str, int]:
+    assert all(headers[name].isdigit() for name in TEI_HEADERS), headers
+    return {name: int(headers[name]) for name in TEI_HEADERS}
+
+
+async def test_every_task_answer_carries_the_tei_timing_headers(fake_model):
+    bodies = {
+        "/v1/embeddings": {"input": ["a b", "c d e"]},
+        "/v1/classify": {"input": ["good day"], "labels": {"pos": "happy", "neg": "sad"}},
+        "/v1/decisions": {
+            "state": "the door is open",
+            "questions": {"q": {"type": "choice", "criteria": {"a": "open", "b": "shut"}}},
+        },
+    }
+    async with fake_worker(fake_model) as service:
+        for path, body in bodies.items():
+            status, headers, payload = await answer(service, path, body)
+            assert status == 200, payload
+            times = timing_of(headers)
+            assert times["x-compute-tokens"] == payload["usage"]["prompt_tokens"] > 0
+            assert times["x-total-time"] == times["x-compute-time"]
+            phases = ("x-tokenization-time", "x-queue-time", "x-inference-time")
+            assert sum(times[name] for name in phases) <= times["x-total-time"]
+
+
+async def test_errors_and_reads_carry_no_timing_headers(fake_model):
+    async with fake_worker(fake_model) as service:
+        status, headers, _ = await answer(service, "/v1/embeddings", {"input": []})
+        assert status == 400
+        assert not set(headers) & set(TEI_HEADERS)
+        for path in ("/health", "/v1/models", "/metrics"):
+            _, raw, _ = await service.handle("GET", path, b"")
+            assert not {k.decode() for k, _ in raw} & set(TEI_HEADERS)
+
+
+async def test_only_answers_whose_rows_reached_the_engine_are_timed(worker):
+    status, headers, payload = await answer(worker, "/v1/embeddings", {"input": "hello world"})
+    assert status == 200
+    assert timing_of(headers)["x-compute-tokens"] == payload["usage"]["prompt_tokens"] == 4
+    status, headers, _ = await answer(worker, "/v1/tokenize", {"input": "hello world"})
+    assert status == 200  # no forward: nothing to time, as TEI's /tokenize
+    assert not set(headers) & set(TEI_HEADERS)
+
+
+async def test_queue_and_inference_times_follow_the_device(fake_model):
+    """A request held in its forward for HOLD_S shows it as inference time; one that waits
+    behind it shows it as queue time."""
+    answers: dict[str, tuple] = {}
+    async with fake_worker(fake_model) as service:
+        fake_model.gate = threading.Event()
+
+        async def one(key: str, text: str) -> None:
+            answers[key] = await answer(service, "/v1/embeddings", {"input": text})
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "held", "hold the device")
+                # Every task waits: the held request's forward is with the device thread.
+                await trio.testing.wait_all_tasks_blocked(cushion=0.02)
+                nursery.start_soon(one, "waiting", "waits behind it")
+                while service.engine.queued_rows == 0:
+                    await trio.sleep(0.01)
+                await trio.sleep(HOLD_S)
+                fake_model.gate.set()
+    held, waiting = timing_of(answers["held"][1]), timing_of(answers["waiting"][1])
+    hold_ms = int(HOLD_S * 1000)
+    assert held["x-inference-time"] >= hold_ms * 0.9  # its forward began as the hold did
+    assert waiting["x-queue-time"] >= hold_ms
+    assert waiting["x-inference-time"] < hold_ms
+    assert held["x-queue-time"] < hold_ms
+
+
+def test_milliseconds_are_cut_down_as_tei_cuts_them():
+    timing = RequestTiming()
+    timing.started = 100.0
+    timing.add_submission(100.0105, 100.0114, 0.0025, tokens=7)
+    timing.add_submission(100.0300, None, 0.0, tokens=2)  # every row from the cache
+    headers = {k.decode(): v.decode() for k, v in timing.headers(now=100.0209)}
+    assert headers == {
+        "x-compute-time": "20",
+        "x-compute-tokens": "9",
+        "x-total-time": "20",
+        "x-tokenization-time": "10",
+        "x-queue-time": "0",  # 0.9 ms
+        "x-inference-time": "2",
+    }
+    worker_answer = {**headers, "content-type": "application/json", "x-sr-other": "1"}
+    assert dict(forwarded(worker_answer)) == {k.encode(): v.encode() for k, v in headers.items()}
+
+
+async def test_probes_and_scrapes_are_counted_apart_from_requests(fake_model):
+    async with fake_worker(fake_model) as service:
+        assert (await post(service, "/v1/embeddings", {"input": ["a", "b c"]}))[0] == 200
+        for path in ("/health", "/health/live", "/health"):
+            assert (await get(service, path))[0] == 200
+        await service.handle("GET", "/metrics", b"")
+        _, _, text = await service.handle("GET", "/metrics", b"")
+    found = samples(text.decode())
+    assert named(found, "sr_worker_requests_total") == {
+        (("route", "/v1/embeddings"), ("status", "200")): 1.0
+    }
+    assert named(found, "sr_worker_probes_total") == {
+        (("route", "/health"), ("status", "200")): 2.0,
+        (("route", "/health/live"), ("status", "200")): 1.0,
+        (("route", "/metrics"), ("status", "200")): 1.0,  # this scrape counts once answered
+    }
+
+
+async def test_forward_durations_and_no_created_series(fake_model):
+    async with fake_worker(fake_model) as service:
+        for text in ("one", "two three"):
+            assert (await post(service, "/v1/embeddings", {"input": text}))[0] == 200
+        _, _, raw = await service.handle("GET", "/metrics", b"")
+    text = raw.decode()
+    found = samples(text)
+    assert "_created" not in text
+    assert found[("sr_worker_forwards_total", ())] == 2
+    assert found[("sr_worker_forward_seconds_count", ())] == 2
+    assert found[("sr_worker_forward_seconds_sum", ())] > 0
+    assert found[("sr_worker_batch_rows_sum", ())] == 2
+    assert found[("sr_worker_queued_rows", ())] == 0
+    promtool_check(text)
