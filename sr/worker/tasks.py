@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from sr.errors import InvalidRequest, ModelNotFound, RequestTooLarge
+from sr.worker import timing
 from sr.worker import validation as v
 
 ZERO_SHOT_TEMPERATURE = 0.05
@@ -275,7 +276,9 @@ class Tasks:
         the limit is refused, or cut longest text first as sentence-transformers'
         CrossEncoder cuts it), and the tokens in `usage`."""
         encode = self.model.encode_pairs
-        if len(query) * len(documents) + sum(map(len, documents)) > _INLINE_TOKENIZE_CHARS:
+        characters = len(query) * len(documents) + sum(map(len, documents))
+        timing.note_characters(characters)
+        if characters > _INLINE_TOKENIZE_CHARS:
             pairs = await trio.to_thread.run_sync(encode, query, documents)
         else:
             pairs = encode(query, documents)
@@ -355,7 +358,9 @@ class Tasks:
         return self.model.backbone.vocab_size
 
     async def _tokenize(self, texts: list[str]) -> list[list[int]]:
-        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
+        characters = sum(map(len, texts))
+        timing.note_characters(characters)
+        if characters > _INLINE_TOKENIZE_CHARS:
             return await trio.to_thread.run_sync(self.model.tokenize, texts)
         return self.model.tokenize(texts)
 

@@ -13,6 +13,8 @@ milliseconds, cut down as TEI cuts them, and a token count. What each means here
   are cut into several batches adds them up; time spent on other requests' forwards in
   between is neither queue nor inference).
 - `x-compute-tokens`: the tokens of the request's rows (its `usage.prompt_tokens`).
+- `x-compute-characters`: the characters of the texts it tokenized (a rerank pair counts
+  the query once per document, as it is tokenized; token-id input counts none).
 
 How the numbers get here without touching each task's signature: `handle` opens a
 `RequestTiming` for a POST route (a context manager that sets the `current()` context
@@ -38,8 +40,10 @@ TOKENIZATION_TIME = "x-tokenization-time"
 QUEUE_TIME = "x-queue-time"
 INFERENCE_TIME = "x-inference-time"
 COMPUTE_TOKENS = "x-compute-tokens"
+COMPUTE_CHARACTERS = "x-compute-characters"
 HEADER_NAMES = (
     COMPUTE_TIME, COMPUTE_TOKENS, TOTAL_TIME, TOKENIZATION_TIME, QUEUE_TIME, INFERENCE_TIME,
+    COMPUTE_CHARACTERS,
 )  # fmt: skip
 _HEADER_BYTES = tuple(name.encode() for name in HEADER_NAMES)
 
@@ -53,10 +57,19 @@ def current() -> RequestTiming | None:
     return _current.get()
 
 
+def note_characters(count: int) -> None:
+    """The request being answered tokenized `count` more characters (none open: nothing)."""
+    timing = _current.get()
+    if timing is not None:
+        timing.characters += count
+
+
 class RequestTiming:
     """One request's clock readings (time.perf_counter seconds) and token count."""
 
-    __slots__ = ("_reset", "inference_s", "queue_s", "reached_engine", "started", "tokens")
+    __slots__ = (
+        "_reset", "characters", "inference_s", "queue_s", "reached_engine", "started", "tokens",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.started = 0.0
@@ -64,6 +77,7 @@ class RequestTiming:
         self.queue_s = 0.0
         self.inference_s = 0.0
         self.tokens = 0
+        self.characters = 0
         self._reset: contextvars.Token[RequestTiming | None] | None = None
 
     def __enter__(self) -> RequestTiming:
@@ -106,6 +120,7 @@ class RequestTiming:
             _ms(reached - self.started),
             _ms(self.queue_s),
             _ms(self.inference_s),
+            str(self.characters).encode(),
         )
         return list(zip(_HEADER_BYTES, values, strict=True))
 

@@ -18,7 +18,7 @@ from tests.metrics_text import named, promtool_check, samples
 # and the request's tokens.
 TEI_HEADERS = (
     "x-compute-time", "x-compute-tokens", "x-total-time", "x-tokenization-time",
-    "x-queue-time", "x-inference-time",
+    "x-queue-time", "x-inference-time", "x-compute-characters",
 )  # fmt: skip
 HOLD_S = 0.3
 
@@ -55,6 +55,8 @@ async def test_every_task_answer_carries_the_tei_timing_headers(fake_model):
             assert times["x-total-time"] == times["x-compute-time"]
             phases = ("x-tokenization-time", "x-queue-time", "x-inference-time")
             assert sum(times[name] for name in phases) <= times["x-total-time"]
+            if path == "/v1/embeddings":
+                assert times["x-compute-characters"] == len("a b") + len("c d e")
 
 
 async def test_errors_and_reads_carry_no_timing_headers(fake_model):
@@ -109,6 +111,7 @@ def test_milliseconds_are_cut_down_as_tei_cuts_them():
     timing.started = 100.0
     timing.add_submission(100.0105, 100.0114, 0.0025, tokens=7)
     timing.add_submission(100.0300, None, 0.0, tokens=2)  # every row from the cache
+    timing.characters = 31
     headers = {k.decode(): v.decode() for k, v in timing.headers(now=100.0209)}
     assert headers == {
         "x-compute-time": "20",
@@ -117,6 +120,7 @@ def test_milliseconds_are_cut_down_as_tei_cuts_them():
         "x-tokenization-time": "10",
         "x-queue-time": "0",  # 0.9 ms
         "x-inference-time": "2",
+        "x-compute-characters": "31",
     }
     worker_answer = {**headers, "content-type": "application/json", "x-sr-other": "1"}
     assert dict(forwarded(worker_answer)) == {k.encode(): v.encode() for k, v in headers.items()}
