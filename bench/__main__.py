@@ -4,6 +4,7 @@
     python -m bench --quick         # shorter runs of every benchmark
     python -m bench --only router scaling
     python -m bench --only worker_server   # hypercorn vs sr's h11 server (needs the bench extra)
+    python -m bench --only onnx     # sr vs ONNX Runtime at 1 and 2 threads (the bench extra)
     python -m bench --report-only   # rewrite docs/benchmarks.md from bench/results/*.json
 
 Each benchmark runs in its own process (torch thread settings and imports stay apart),
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--rounds", "8", "--singles", "40"],
     ),
     "engine": ("bench.bench_engine", [], ["--single-runs", "60", "--batch-runs", "12"]),
+    "onnx": ("bench.bench_onnx", [], ["--rounds", "3", "--singles", "15"]),
     "threads": ("bench.bench_threads", [], ["--rounds", "4"]),
     "worker_http": ("bench.bench_worker_http", [], ["--rounds", "8"]),
     "worker_server": ("bench.bench_worker_server", [], ["--rounds", "2", "--per-round", "150"]),

@@ -256,6 +256,9 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
             "sentence-transformers, one thread, alternating calls.\n\n"
             + _table(["measure", "sr", "sentence-transformers", "ratio"], rows)
         )
+    onnx = results.get("onnx")
+    if onnx:
+        out.append(_onnx_section(onnx))
     threads = results.get("threads")
     if threads:
         medians = threads["median_served_ms"]
@@ -301,6 +304,53 @@ def _sections(results: dict[str, dict | None], plots: dict[str, str]) -> list[st
             "pure.\n\n" + _table(["replicas", "in backoff", "median us", "p99 us", "max us"], rows)
         )
     return out
+
+
+def _onnx_section(result: dict) -> str:
+    """sr (in process and through `sr serve`) against ONNX Runtime's two graphs per thread
+    count, with issue 16's targets read on the ratios to the faster graph of each case."""
+    names = ("sr", "sr_serve", "ort_fused", "ort_plain")
+    rows: list[list[object]] = []
+    for entry in result["by_threads"]:
+        threads = entry["threads"]
+        for case, c in entry["cases"].items():
+            batch = "texts_per_s" in c["sr"]
+            key, unit = ("texts_per_s", "texts/s") if batch else ("median_ms", "ms")
+            ratios = "; ".join(
+                f"{side}: {next(iter(c[side + '_vs_ort'].values())):.2f}x "
+                f"(paired {c[side + '_vs_ort']['paired']:.2f})"
+                for side in names[:2]
+                if side + "_vs_ort" in c
+            )
+            values = [c[s][key] if s in c else "" for s in names]
+            cpu = [c[s]["cpu_ms_per_text"] if s in c else "" for s in names]
+            rows.append([threads, case, unit, *values, c["best_ort"], ratios])
+            rows.append([threads, case, "CPU ms/text", *cpu, "", ""])
+    goals = [
+        [e["threads"], side, t["case"], t["goal"], f"{t['measured']:.2f}x", _verdict(t["met"])]
+        for e in result["by_threads"]
+        for side, side_targets in e["targets"].items()
+        for t in side_targets
+    ]
+    agreement = "; ".join(
+        f"{e['threads']} thread(s), {graph}: max abs diff {check['max_abs_diff']:.1e}, "
+        f"min cosine {check['min_cosine']:.7f}"
+        for e in result["by_threads"]
+        for graph, check in e["agreement"].items()
+    )
+    header = ["threads", "case", "unit", "sr", "sr serve", "ORT fused", "ORT plain"]
+    return (
+        "## sr vs ONNX Runtime (`bench_onnx`)\n\nThe embedded MiniLM exported with "
+        "`torch.onnx` from the same weights in the run, as ORT's BERT-fused graph and as the "
+        f"plain graph (ORT {result['versions']['onnxruntime']}, CPU provider, intra-op "
+        "threads = sr's torch threads, inter-op 1); sides alternate round by round; ratios "
+        "are sr over the faster ORT graph of the case (throughput: higher is better for sr; "
+        "latency: lower), of the medians and (paired) of adjacent runs. Same function over "
+        f"200 varied texts: {agreement}.\n\n"
+        + _table([*header, "faster ORT", "sr / faster ORT"], rows)
+        + "\nIssue 16's targets:\n\n"
+        + _table(["threads", "side", "case", "goal", "measured", "verdict"], goals)
+    )
 
 
 def _worker_http_ratio(worker: dict) -> str:
@@ -363,6 +413,7 @@ NAMES = (
     "scaling",
     "serve_st",
     "engine",
+    "onnx",
     "threads",
     "worker_http",
     "worker_server",

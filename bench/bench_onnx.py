@@ -1,0 +1,525 @@
+"""sr against ONNX Runtime on the embedded MiniLM, at equal threads, sides alternating.
+
+    python -m bench.bench_onnx [--threads 1 2] [--rounds 5] [--singles 30] [--no-serve]
+        [--graphs fused plain]
+
+The ONNX model is made here, in a temporary folder, from the same weights sr serves:
+transformers' BertModel (eager attention) + sentence-transformers' mean pooling + L2
+normalisation, exported with `torch.onnx.export` (the TorchScript exporter, dynamic batch
+and sequence axes), fp32, in two graphs: `plain`, left to ORT's built-in session
+optimizations, and `fused`, after ONNX Runtime's own BERT fusions
+(onnxruntime.transformers.optimizer: Attention, SkipLayerNormalization,
+EmbedLayerNormalization, BiasGelu), what Optimum's ORTOptimizer runs for engines such as
+infinity-emb's. Which of the two is faster depends on the case and the host, so both
+run and sr is read against the faster one per case. Each session runs on the CPU
+execution provider with intra_op_num_threads = N, inter_op_num_threads = 1, sequential
+execution; ORT gets its texts through the checkpoint's own tokenizer.json (padding to the
+longest row, truncation at max_seq_length), as a transformers pipeline would.
+
+Sides, per thread count N, alternating round by round (the order rotates):
+  * sr: the in-process engine, `embed(truncate(tokenize(texts)))` at torch.set_num_threads(N);
+  * sr serve: end to end through `sr serve --threads N` (one worker, caches off), one
+    POST /v1/embeddings per case (skipped with --no-serve);
+  * ort_fused, ort_plain: tokenize, pad, `session.run`.
+Cases: (a) 32 medium (~120-token) texts in one call / one request: throughput (texts/s) and
+CPU per text; (b) one short (~10-token) text and (c) one medium text: latency (median ms).
+Ratios are sr over the faster ORT graph of the case (`best_ort`), per adjacent pair
+(`paired`, steadier on a busy host) and of the medians.
+Before timing, sr's and ORT's vectors of 200 varied texts and of the batch are compared
+(max abs diff, min cosine): the two compute the same function.
+Issue 16's targets: at 1 thread sr >= 1.2x ORT's throughput on (a) and <= 1.0x its latency
+on (b) and (c); at 2 threads <= 1.0x on (c). Writes bench/results/onnx.json.
+Needs onnxruntime and onnx (pip install '.[bench]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import trio
+
+from bench.bench_profile import case_texts
+from bench.harness import ServeProcess, embedded_artifact, http_client, print_table, write_result
+
+BATCH = 32
+MAX_ABS_DIFF = 1e-5  # the same function in fp32: a few ulps of the vectors' entries
+MIN_COSINE = 0.99999
+THROUGHPUT_TARGET_1T = 1.2  # sr texts/s over ORT's, at least (1 thread)
+LATENCY_TARGET = 1.0  # sr ms over ORT's, at most
+
+
+# -- the ONNX model --------------------------------------------------------------------------
+
+
+class _PooledBert(torch.nn.Module):
+    """BertModel + sentence-transformers' Pooling(mean) + Normalize, as one graph."""
+
+    def __init__(self, bert: torch.nn.Module):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+        return F.normalize(pooled, p=2.0, dim=1)
+
+
+GRAPHS = ("fused", "plain")
+
+
+@dataclass(frozen=True)
+class Exported:
+    path: Path
+    graph: str  # "fused" or "plain"
+    export_s: float
+    nodes: dict[str, int]  # op type -> count in the file ORT loads
+
+
+def export_onnx(
+    folder: Path, workdir: Path, graphs: list[str] | tuple[str, ...] = GRAPHS
+) -> dict[str, Exported]:
+    """The checkpoint in `folder` as fp32 ONNX files under `workdir`, one per graph in
+    `graphs` (see the module doc)."""
+    import onnx
+    import transformers
+
+    started = time.perf_counter()
+    # Eager attention: its MatMul/Softmax pattern is what ORT's Attention fusion matches
+    # (an SDPA export carries IsNaN/Where guards that keep the fusion from firing).
+    bert = transformers.BertModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = torch.randint(1000, 2000, (2, 16))
+    raw = workdir / "minilm.onnx"
+    axes = {0: "batch", 1: "sequence"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _PooledBert(bert),
+            (ids, torch.ones_like(ids)),
+            str(raw),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["sentence_embedding"],
+            dynamic_axes={
+                "input_ids": axes,
+                "attention_mask": axes,
+                "sentence_embedding": {0: "batch"},
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+    exported_s = time.perf_counter() - started
+    out = {}
+    for graph in graphs:
+        started = time.perf_counter()
+        path = raw
+        if graph == "fused":
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+            fused = optimize_model(
+                str(raw),
+                model_type="bert",
+                num_heads=bert.config.num_attention_heads,
+                hidden_size=bert.config.hidden_size,
+                opt_level=1,
+            )
+            path = workdir / "minilm-fused.onnx"
+            fused.save_model_to_file(str(path))
+        nodes: dict[str, int] = {}
+        for node in onnx.load(str(path)).graph.node:
+            nodes[node.op_type] = nodes.get(node.op_type, 0) + 1
+        seconds = round(exported_s + time.perf_counter() - started, 1)
+        out[graph] = Exported(path, graph, seconds, nodes)
+    return out
+
+
+class OrtEmbedder:
+    """An ORT session on the CPU provider at `threads` intra-op threads (inter-op 1,
+    sequential), fed token ids or texts."""
+
+    def __init__(
+        self,
+        path: Path,
+        threads: int,
+        *,
+        tokenizer_folder: Path | None = None,
+        max_length: int = 512,
+        profile_dir: Path | None = None,
+    ):
+        import onnxruntime
+
+        self._ort = onnxruntime
+        self.path = path
+        self.threads = threads
+        self.profile_dir = profile_dir
+        self.session = self._session()
+        self.tokenizer = None
+        if tokenizer_folder is not None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(tokenizer_folder / "tokenizer.json"))
+            tokenizer.no_padding()  # the shipped file pads to a fixed 128
+            pad_id = tokenizer.token_to_id("[PAD]") or 0
+            tokenizer.enable_padding(pad_id=pad_id, pad_token="[PAD]")
+            tokenizer.enable_truncation(max_length)
+            self.tokenizer = tokenizer
+
+    def _session(self, profile_prefix: str | None = None):
+        options = self._ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = self._ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        return self._ort.InferenceSession(
+            str(self.path), options, providers=["CPUExecutionProvider"]
+        )
+
+    @staticmethod
+    def _padded(batch: list[list[int]]) -> dict[str, np.ndarray]:
+        longest = max(len(row) for row in batch)
+        ids = np.zeros((len(batch), longest), dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for i, row in enumerate(batch):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def embed_ids(self, batch: list[list[int]]) -> np.ndarray:
+        return self.session.run(None, self._padded(batch))[0]
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        if self.tokenizer is None:
+            raise ValueError("OrtEmbedder was made without tokenizer_folder")
+        encodings = self.tokenizer.encode_batch(texts)
+        feed = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        }
+        return self.session.run(None, feed)[0]
+
+    def profile(self, batch: list[list[int]], forwards: int) -> dict[str, tuple[float, int]]:
+        """op type -> (total kernel ms, calls) over `forwards` runs, from ORT's profiler
+        (a session of its own; its first run, which warms up, is left out)."""
+        if self.profile_dir is None:
+            raise ValueError("OrtEmbedder was made without profile_dir")
+        session = self._session(str(self.profile_dir / f"ort-{self.threads}t"))
+        feed = self._padded(batch)
+        for _ in range(forwards + 1):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+        runs = sorted(
+            (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+            key=lambda e: e["ts"],
+        )
+        warm_end = runs[0]["ts"] + runs[0]["dur"] if runs else 0
+        totals: dict[str, tuple[float, int]] = {}
+        for e in events:
+            if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+                continue
+            if e["ts"] < warm_end:
+                continue
+            op = e["args"]["op_name"]
+            ms, calls = totals.get(op, (0.0, 0))
+            totals[op] = (ms + e["dur"] / 1e3, calls + 1)
+        return totals
+
+
+# -- agreement -----------------------------------------------------------------------------
+
+
+def agreement(model, embedder: OrtEmbedder, texts: list[str], limit: int) -> dict:
+    """Max abs diff and min cosine between sr's and ORT's vectors of the same token ids."""
+    ids = [model.truncate(row, limit) for row in model.tokenize(texts)]
+    ours = torch.cat([model.embed(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
+    theirs = torch.from_numpy(
+        np.concatenate([embedder.embed_ids(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
+    )
+    cosine = F.cosine_similarity(ours, theirs, dim=1)
+    return {
+        "texts": len(texts),
+        "max_abs_diff": float((ours - theirs).abs().max()),
+        "min_cosine": float(cosine.min()),
+    }
+
+
+# -- timing --------------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One system under test: embeds texts (awaitable), and tells its CPU seconds so far."""
+
+    embed: Callable[[list[str]], Awaitable[None]]
+    cpu_seconds: Callable[[], float]
+
+
+def in_process(fn: Callable[[list[str]], object]) -> Side:
+    async def embed(texts: list[str]) -> None:
+        fn(texts)
+
+    return Side(embed, time.process_time)
+
+
+def served(client, serve: ServeProcess) -> Side:
+    async def embed(texts: list[str]) -> None:
+        payload = texts[0] if len(texts) == 1 else texts
+        body = json.dumps({"model": "primary", "input": payload}).encode()
+        status, _, answer = await client.request("POST", "/v1/embeddings", body)
+        if status != 200:
+            raise SystemExit(f"sr serve answered {status}: {answer[:200]!r}")
+
+    return Side(embed, lambda: serve.cpu_seconds()["workers"])
+
+
+async def alternate(
+    sides: dict[str, Side], make_texts: Callable[[int], list[str]], runs: int
+) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU seconds of `runs` rounds; every side embeds the round's texts, in an
+    order that rotates round by round."""
+    names = list(sides)
+    out = {name: {"wall": [], "cpu": []} for name in names}
+    for i in range(runs):
+        texts = make_texts(i)
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            side = sides[name]
+            cpu = side.cpu_seconds()
+            started = time.perf_counter()
+            await side.embed(texts)
+            out[name]["wall"].append(time.perf_counter() - started)
+            out[name]["cpu"].append(side.cpu_seconds() - cpu)
+    return out
+
+
+def _stats(samples: dict[str, list[float]], texts: int) -> dict:
+    wall = sorted(samples["wall"])
+    median = statistics.median(wall)
+    entry = {
+        "median_ms": round(median * 1e3, 3),
+        "p90_ms": round(wall[int(0.9 * (len(wall) - 1))] * 1e3, 3),
+        # Mean, not median: a worker's CPU time comes in 10 ms clock ticks.
+        "cpu_ms_per_text": round(sum(samples["cpu"]) * 1e3 / (texts * len(wall)), 3),
+    }
+    if texts > 1:
+        entry["texts_per_s"] = round(texts / median, 1)
+    return entry
+
+
+def _paired(ours: list[float], theirs: list[float]) -> float:
+    return round(statistics.median(a / b for a, b in zip(ours, theirs, strict=True)), 3)
+
+
+async def measure(sides: dict[str, Side], tokenizer, args, serial: list[int]) -> dict:
+    def texts_of(rows: str, count: int) -> Callable[[int], list[str]]:
+        def make(_: int) -> list[str]:
+            serial[0] += count
+            return case_texts(tokenizer, rows, count, serial[0])
+
+        return make
+
+    cases = {
+        "batch32_medium": (texts_of("medium", BATCH), args.rounds, BATCH),
+        "single_short": (texts_of("short", 1), args.singles, 1),
+        "single_medium": (texts_of("medium", 1), args.singles, 1),
+    }
+    out = {}
+    for case, (make, runs, count) in cases.items():
+        await alternate(sides, make, max(2, runs // 5))  # warm-up
+        samples = await alternate(sides, make, runs)
+        entry = {name: _stats(s, count) for name, s in samples.items()}
+        ort = [name for name in sides if name.startswith("ort_")]
+        best = min(ort, key=lambda name: entry[name]["median_ms"])
+        entry["best_ort"] = best
+        for name in sides:
+            if name in ort:
+                continue
+            ours, theirs = samples[name]["wall"], samples[best]["wall"]
+            if count > 1:  # throughput: ORT's time over ours
+                ratio = entry[best]["median_ms"] / entry[name]["median_ms"]
+                entry[f"{name}_vs_ort"] = {
+                    "throughput_ratio": round(ratio, 3),
+                    "paired": _paired(theirs, ours),
+                }
+            else:
+                ratio = entry[name]["median_ms"] / entry[best]["median_ms"]
+                entry[f"{name}_vs_ort"] = {
+                    "latency_ratio": round(ratio, 3),
+                    "paired": _paired(ours, theirs),
+                }
+        out[case] = entry
+    return out
+
+
+def targets(threads: int, cases: dict, side: str) -> list[dict]:
+    """Issue 16's targets that apply at this thread count, read on the ratio of medians."""
+    wanted = []
+    if threads == 1:
+        wanted = [
+            ("batch32_medium", "throughput_ratio", ">=", THROUGHPUT_TARGET_1T),
+            ("single_short", "latency_ratio", "<=", LATENCY_TARGET),
+            ("single_medium", "latency_ratio", "<=", LATENCY_TARGET),
+        ]
+    elif threads == 2:
+        wanted = [("single_medium", "latency_ratio", "<=", LATENCY_TARGET)]
+    out = []
+    for case, key, op, goal in wanted:
+        measured = cases[case][f"{side}_vs_ort"][key]
+        met = measured >= goal if op == ">=" else measured <= goal
+        out.append({"case": case, "goal": f"{op} {goal}x", "measured": measured, "met": met})
+    return out
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds of the batch case")
+    parser.add_argument("--singles", type=int, default=30, help="timed rounds of each single")
+    parser.add_argument("--no-serve", dest="serve", action="store_false", help="skip sr serve")
+    parser.add_argument(
+        "--graphs", nargs="+", choices=GRAPHS, default=list(GRAPHS), help="ORT sides to run"
+    )
+    parser.add_argument("--out", default="onnx", help="bench/results/<OUT>.json")
+    args = parser.parse_args(argv)
+
+    import onnxruntime
+
+    from bench.bench_engine import varied_texts
+    from sr.models import load_model, resolve_artifact
+
+    started = time.perf_counter()
+    artifact = embedded_artifact()
+    folder = resolve_artifact(artifact)
+    model = load_model(folder)
+    limit = model.max_seq_length or model.max_position_embeddings
+    serial = [0]
+    by_threads = []
+    with tempfile.TemporaryDirectory(prefix="sr-bench-onnx-") as tmp:
+        workdir = Path(tmp)
+        exported = export_onnx(folder, workdir, args.graphs)
+        for graph in exported.values():
+            print(f"exported {graph.graph} graph in {graph.export_s} s: {graph.nodes}")
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            model.calibrate_threads()
+            ort = {
+                name: OrtEmbedder(e.path, threads, tokenizer_folder=folder, max_length=limit)
+                for name, e in exported.items()
+            }
+            batch_texts = case_texts(model.tokenizer, "medium", BATCH)
+            check = {}
+            for name, embedder in ort.items():
+                check[name] = agreement(model, embedder, varied_texts(), limit)
+                check[name]["batch32_medium"] = agreement(model, embedder, batch_texts, limit)
+            sides = {
+                "sr": in_process(
+                    lambda texts: model.embed(
+                        [model.truncate(row, limit) for row in model.tokenize(texts)]
+                    )
+                ),
+                **{f"ort_{name}": in_process(e.embed_texts) for name, e in ort.items()},
+            }
+
+            async def run(sides=sides, threads=threads) -> dict:
+                if not args.serve:
+                    return await measure(sides, model.tokenizer, args, serial)
+                with ServeProcess(artifact, workdir, threads=threads) as serve:
+                    client = http_client(serve.url)
+                    try:
+                        return await measure(
+                            {**sides, "sr_serve": served(client, serve)},
+                            model.tokenizer,
+                            args,
+                            serial,
+                        )
+                    finally:
+                        await client.aclose()
+
+            cases = trio.run(run)
+            entry = {"threads": threads, "agreement": check, "cases": cases}
+            entry["targets"] = {
+                side: targets(threads, cases, side)
+                for side in ("sr", "sr_serve")
+                if f"{side}_vs_ort" in cases["single_short"]
+            }
+            by_threads.append(entry)
+            _print_threads(entry)
+
+    result = {
+        "benchmark": "sr vs ONNX Runtime, embedded MiniLM",
+        "artifact": artifact,
+        "graphs": {
+            name: {"export_s": e.export_s, "onnx_nodes": e.nodes} for name, e in exported.items()
+        },
+        "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
+        "rounds": args.rounds,
+        "singles": args.singles,
+        "serve": args.serve,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "by_threads": by_threads,
+    }
+    write_result(args.out, result)
+    ok = all(
+        check["max_abs_diff"] <= MAX_ABS_DIFF and check["min_cosine"] >= MIN_COSINE
+        for t in by_threads
+        for check in t["agreement"].values()
+    )
+    if not ok:
+        raise SystemExit("sr and ORT disagree beyond the tolerance: not the same function")
+    return result
+
+
+def _print_threads(entry: dict) -> None:
+    print(f"\n== {entry['threads']} thread(s)")
+    for graph, check in entry["agreement"].items():
+        print(
+            f"sr vs ORT {graph} on {check['texts']} varied texts: max abs diff "
+            f"{check['max_abs_diff']:.2e}, min cosine {check['min_cosine']:.7f} "
+            f"(<= {MAX_ABS_DIFF:g}, >= {MIN_COSINE})"
+        )
+    cases = entry["cases"]
+    first = cases["single_short"]
+    sides = [
+        s for s in ("sr", "sr_serve", *(k for k in first if k.startswith("ort_"))) if s in first
+    ]
+    ours = [s for s in sides if not s.startswith("ort_")]
+    rows = []
+    for case, c in cases.items():
+        batch = "texts_per_s" in c["sr"]
+        key, unit = ("texts_per_s", "texts/s") if batch else ("median_ms", "median ms")
+        ratios = [c[f"{s}_vs_ort"] for s in ours]
+        rows.append(
+            (case, unit, *(c[s][key] for s in sides), c["best_ort"],
+             *(f"{next(iter(r.values())):.2f}x (paired {r['paired']:.2f})" for r in ratios))
+        )  # fmt: skip
+        rows.append(
+            (case, "CPU ms/text", *(c[s]["cpu_ms_per_text"] for s in sides), "",
+             *("" for _ in ours))
+        )  # fmt: skip
+    print_table(("case", "unit", *sides, "best ORT", *(f"{s}/best ORT" for s in ours)), rows)
+    for side, goals in entry["targets"].items():
+        for goal in goals:
+            verdict = "met" if goal["met"] else "not met"
+            print(f"target {side} {goal['case']}: {goal['goal']}, {goal['measured']}x {verdict}")
+
+
+if __name__ == "__main__":
+    main()
