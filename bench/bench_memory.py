@@ -39,14 +39,13 @@ import argparse
 import array
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import ROOT, embedded_artifact, free_port, print_table, write_result
+from bench.harness import ROOT, ServeProcess, embedded_artifact, print_table, write_result
 
 TARGET_RATIO = 1.25
 ROLLUP_FIELDS = ("Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty")
@@ -152,81 +151,50 @@ def footprint(pids: list[int]) -> dict:
     }
 
 
-class Serve:
-    """`sr serve` from the `sr` package under `tree`, one deployment `primary` of
-    `artifact` on `replicas` CPU workers (as bench.harness.ServeProcess, whose PYTHONPATH
-    is always this checkout's)."""
+def wait_all_ready(serve: ServeProcess, replicas: int, timeout_s: float = 240.0) -> list[int]:
+    """Worker pids once every replica is ready (ServeProcess waits for /ready, which one
+    ready replica per deployment satisfies)."""
+    import httpx
 
-    def __init__(self, tree: Path, workdir: Path, artifact: str, replicas: int):
-        import httpx
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if serve.proc.poll() is not None:
+            raise SystemExit(f"sr serve exited with {serve.proc.returncode}")
+        try:
+            inventory = httpx.get(serve.url + "/api/v1/inventory/model-runtime", timeout=5).json()
+            rows = inventory["deployments"]["primary"]["replicas"]
+            if len(rows) == replicas and all(r["state"] == "ready" for r in rows):
+                return [r["pid"] for r in rows]
+        except (httpx.TransportError, KeyError, ValueError):
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"sr serve: {replicas} replicas not ready in {timeout_s:.0f} s")
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = workdir / f"config-{self.port}.yaml"
-        rows = ", ".join("{device: cpu}" for _ in range(replicas))
-        config.write_text(
-            "global:\n  model_catalog:\n    deployments:\n      primary:\n"
-            f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
-            f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
-        )
-        env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_SRUN_RESULT_CACHE": "0"}
-        argv = [sys.executable, "-m", "sr", "serve", "--config", str(config)]
-        argv += ["--port", str(self.port), "--threads", "1"]
-        self.proc = subprocess.Popen(
-            argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.replicas = replicas
-        self.client = httpx.Client(base_url=self.url, timeout=60)
 
-    def wait_ready(self, timeout_s: float = 240.0) -> list[int]:
-        """Worker pids once every replica is ready."""
-        import httpx
+def touch(url: str, replicas: int, requests: int) -> None:
+    """Short, medium and long texts, alone and in batches of 32, `requests` times on every
+    replica: each request goes `replicas` times in a row, and the pool gives back-to-back
+    requests to its idle workers in turn (least recently assigned)."""
+    import httpx
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"sr serve exited with {self.proc.returncode}")
-            try:
-                inventory = self.client.get("/api/v1/inventory/model-runtime").json()
-                rows = inventory["deployments"]["primary"]["replicas"]
-                if len(rows) == self.replicas and all(r["state"] == "ready" for r in rows):
-                    return [r["pid"] for r in rows]
-            except (httpx.TransportError, KeyError, ValueError):
-                pass
-            time.sleep(0.3)
-        raise SystemExit(f"sr serve: {self.replicas} replicas not ready in {timeout_s:.0f} s")
-
-    def touch(self, requests: int) -> None:
-        """Short, medium and long texts, alone and in batches of 32, `requests` times on
-        every replica: each request goes `replicas` times in a row, and the pool gives
-        back-to-back requests to its idle workers in turn (least recently assigned)."""
+    with httpx.Client(base_url=url, timeout=60) as client:
         for round_ in range(requests):
             for count, words in ((1, 4), (1, 100), (32, 30), (4, 200)):
-                for replica in range(self.replicas):
+                for replica in range(replicas):
                     texts = _texts(count, words, f"r{round_}.{replica}")
-                    answer = self.client.post(
+                    answer = client.post(
                         "/v1/embeddings", json={"model": "primary", "input": texts}
                     )
                     if answer.status_code != 200:
                         raise SystemExit(f"/v1/embeddings answered {answer.status_code}")
 
-    def stop(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 def measure(tree: Path, artifact: str, replicas: int, requests: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
-        serve = Serve(tree, Path(tmp), artifact, replicas)
+        serve = ServeProcess(artifact, Path(tmp), replicas=replicas, pythonpath=str(tree))
         try:
-            pids = serve.wait_ready()
-            serve.touch(requests)
+            pids = wait_all_ready(serve, replicas)
+            touch(serve.url, replicas, requests)
             time.sleep(0.5)  # let the answers' buffers go back before reading
             workers = [
                 {"pid": pid, "rollup_kb": smaps_rollup(pid), "weights_file_kb": mapped_file(pid)}

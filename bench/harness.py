@@ -96,7 +96,17 @@ def free_port() -> int:
 class ServeProcess:
     """`sr serve` with one deployment `primary` of `replicas` CPU workers, cache off."""
 
-    def __init__(self, artifact: str, workdir: Path, *, replicas: int = 1, threads: int = 1):
+    def __init__(
+        self,
+        artifact: str,
+        workdir: Path,
+        *,
+        replicas: int = 1,
+        threads: int = 1,
+        pythonpath: str | None = None,
+    ):
+        """`pythonpath`: the tree whose `sr` serves (default this checkout's, as
+        `_pythonpath`); bench_memory passes a baseline revision's tree."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / f"config-{self.port}.yaml"
@@ -106,7 +116,8 @@ class ServeProcess:
             f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
             f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
         )
-        env = {**os.environ, "PYTHONPATH": _pythonpath(), "VLLM_SRUN_RESULT_CACHE": "0"}
+        path = pythonpath or _pythonpath()
+        env = {**os.environ, "PYTHONPATH": path, "VLLM_SRUN_RESULT_CACHE": "0"}
         argv = [sys.executable, "-m", "sr", "serve", "--config", str(config)]
         argv += ["--port", str(self.port), "--threads", str(threads)]
         self.proc = subprocess.Popen(
