@@ -525,7 +525,8 @@ class _Answer:
             for name, value in headers:
                 if name == REPLICA_HEADER:
                     self.replica = value.decode("latin-1")
-                elif name == _TOKENS_HEADER:
+                elif name == _TOKENS_HEADER and value.isdigit():
+                    # an attached worker's odd header must not cost the answer
                     self.tokens = int(value)
             message = {**message, "headers": [*headers, *self.extra]}
         await self._send(message)

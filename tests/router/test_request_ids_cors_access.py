@@ -211,3 +211,21 @@ def _preflight_headers(origin: str) -> dict[str, str]:
         "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type",
     }
+
+
+async def test_an_odd_token_header_from_a_worker_costs_neither_the_answer_nor_the_line():
+    lines = Lines()
+    logger = logging.getLogger("tests.access.odd")
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+    async def odd(deployment, path, body, timeout_s):  # an attached worker of another make
+        headers = {"x-compute-tokens": "many", "x-queue-time": "soon"}
+        return FakeReply(200, headers, b'{"object":"list","data":[]}', "primary-0")
+
+    app, _ = build(handler=odd, access_log=AccessLog(enabled=True, logger=logger))
+    answer = await call(app, "POST", "/v1/embeddings", EMBED)
+    assert answer.status == 200
+    (line,) = lines.lines
+    assert (line["status"], line["tokens"]) == (200, None)
