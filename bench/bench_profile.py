@@ -6,7 +6,10 @@
 For each case (torch threads x row length x batch size; short rows are ~10 tokens, medium
 ~120, batch rows of slightly different lengths as real requests have) the same token ids go
 through each side:
-  * sr: `EncoderModel.embed(ids)` (packed rows, pooled and normalised);
+  * sr: `EncoderModel.embed(ids)` (packed rows, pooled and normalised), its products on
+    the kernel chosen for the host (sr.models.linear);
+  * sr_blas: the same with every product on `F.linear` (`load_model(kernel="blas")`, the
+    kernel before the choice existed; same bits as then);
   * transformers: `BertModel` (its default attention, rows padded to the longest) with
     sentence-transformers' mean pooling and normalisation (bench_families' Reference);
   * onnxruntime (when installed): the same weights exported with `torch.onnx` and run by
@@ -38,7 +41,7 @@ import torch
 from bench.harness import print_table, write_result
 
 ROW_TOKENS = {"short": 10, "medium": 120}
-SIDES = ("sr", "transformers", "onnxruntime")
+SIDES = ("sr", "sr_blas", "transformers", "onnxruntime")
 
 # Words the texts are cut from: plain English prose, as support and search traffic sends.
 _PROSE = (
@@ -234,13 +237,15 @@ def ort_profile(embedder, batch: list[list[int]], forwards: int, top: int) -> di
 # -- the run -------------------------------------------------------------------------------
 
 
-def _load_sides(wanted: list[str]):
+def _load_sides(wanted: list[str], dtype: str = "float32"):
     from bench.bench_families import Reference
     from bench.family_models import FAMILIES, quiet_transformers
     from sr.models import EMBEDDED_DEFAULT, load_model, resolve_artifact
 
     folder = resolve_artifact(EMBEDDED_DEFAULT)
-    model = load_model(folder)
+    model = load_model(folder, dtype=dtype)  # sr at `--dtype`; the references stay float32
+    if "sr_blas" in wanted:
+        model.blas = load_model(folder, dtype=dtype, kernel="blas")
     reference = None
     if "transformers" in wanted:
         quiet_transformers()
@@ -261,6 +266,8 @@ def _ort_embedders(folder: Path, workdir: Path, threads: list[int]) -> dict:
 def _sides_for(batch: list[list[int]], model, reference, embedder) -> tuple[dict, dict]:
     """(side -> one forward of `batch`, side -> profiler(forwards, top) -> summary)."""
     sides: dict[str, Callable[[], object]] = {"sr": lambda: model.embed(batch)}
+    if getattr(model, "blas", None) is not None:
+        sides["sr_blas"] = lambda: model.blas.embed(batch)
     if reference is not None:
         sides["transformers"] = lambda: reference.embed(batch)
     profilers = {
@@ -337,13 +344,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-runs", type=int, default=4, help="timed runs of larger batches")
     parser.add_argument("--top", type=int, default=8, help="operators listed per side")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="sr's precision"
+    )
     parser.add_argument("--out", default="profile", help="bench/results/<OUT>.json")
     args = parser.parse_args(argv)
     if "sr" not in args.sides:
         parser.error("--sides must include sr")
 
     started = time.perf_counter()
-    folder, model, reference = _load_sides(args.sides)
+    folder, model, reference = _load_sides(args.sides, args.dtype)
     with tempfile.TemporaryDirectory(prefix="sr-bench-profile-") as tmp:
         ort = {}
         if "onnxruntime" in args.sides:
@@ -355,6 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
         for threads in args.threads:
             torch.set_num_threads(threads)
             model.calibrate_threads()
+            if getattr(model, "blas", None) is not None:
+                model.blas.calibrate_threads()
             for rows in args.rows:
                 for size in args.batches:
                     texts = case_texts(model.tokenizer, rows, size)
@@ -391,6 +403,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "forward profile by operator, embedded MiniLM",
         "torch": torch.__version__,
+        "dtype": args.dtype,
         "sides": list(cases[0]["wall_ms"]) if cases else [],
         "categories": list(CATEGORIES),
         "wall_s": round(time.perf_counter() - started, 1),

@@ -19,56 +19,46 @@ from sr.models.blocks import (
     PackedEncoder,
     attention,
     head_geometry,
-    linear_in_parts,
     strip_prefix,
     take,
     weights_on,
 )
-from sr.models.gemm_rows import consistent_linear
+from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 
 class _Layer:
-    """One transformer block's weights (query/key/value stored as one [3H, H] tensor)."""
+    """One transformer block's products and norms (query/key/value joined in one product)."""
 
-    __slots__ = (
-        "ffn_in_b",
-        "ffn_in_w",
-        "ffn_out_b",
-        "ffn_out_w",
-        "ln1",
-        "ln2",
-        "out_b",
-        "out_w",
-        "qkv_b",
-        "qkv_w",
-    )
+    __slots__ = ("ffn_in", "ffn_out", "ln1", "ln2", "out", "qkv")
 
-    def __init__(
-        self, w: dict[str, torch.Tensor], p: str, device: torch.device, dtype: torch.dtype
-    ):
-        put = weights_on(device, dtype)
-
+    def __init__(self, w: dict[str, torch.Tensor], p: str, put, kernel: str):
         attn = f"{p}.attention"
-        self.qkv_w = put(
-            torch.cat([take(w, f"{attn}.self.{n}.weight") for n in ("query", "key", "value")])
-        )
-        self.qkv_b = put(
-            torch.cat([take(w, f"{attn}.self.{n}.bias") for n in ("query", "key", "value")])
-        )
-        self.out_w = put(take(w, f"{attn}.output.dense.weight"))
-        self.out_b = put(take(w, f"{attn}.output.dense.bias"))
+        # Joined once into one [3H, H] tensor, then multiplied as its three row blocks on
+        # BLAS (as before the kernel seam: the same bits) or as one product on oneDNN.
+        names = ("query", "key", "value")
+        qkv_w = put(torch.cat([take(w, f"{attn}.self.{n}.weight") for n in names]))
+        qkv_b = put(torch.cat([take(w, f"{attn}.self.{n}.bias") for n in names]))
+        self.qkv = Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)),
+                                 kernel=kernel)  # fmt: skip
+        self.out = Linear(put(take(w, f"{attn}.output.dense.weight")),
+                          put(take(w, f"{attn}.output.dense.bias")), kernel=kernel)  # fmt: skip
         self.ln1 = (
             put(take(w, f"{attn}.output.LayerNorm.weight")),
             put(take(w, f"{attn}.output.LayerNorm.bias")),
         )
-        self.ffn_in_w = put(take(w, f"{p}.intermediate.dense.weight"))
-        self.ffn_in_b = put(take(w, f"{p}.intermediate.dense.bias"))
-        self.ffn_out_w = put(take(w, f"{p}.output.dense.weight"))
-        self.ffn_out_b = put(take(w, f"{p}.output.dense.bias"))
+        # The feed-forward's GELU runs inside the first product on oneDNN.
+        self.ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
+                             put(take(w, f"{p}.intermediate.dense.bias")),
+                             kernel=kernel, activation="gelu")  # fmt: skip
+        self.ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
+                              put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
         self.ln2 = (
             put(take(w, f"{p}.output.LayerNorm.weight")),
             put(take(w, f"{p}.output.LayerNorm.bias")),
         )
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.out, self.ffn_in, self.ffn_out]
 
 
 class BertEncoder(PackedEncoder):
@@ -87,6 +77,7 @@ class BertEncoder(PackedEncoder):
         weights: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        kernel: KernelChoice | None = None,
     ):
         if config.get("hidden_act", "gelu") != "gelu":
             raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
@@ -95,7 +86,8 @@ class BertEncoder(PackedEncoder):
         weights = strip_prefix(weights, self.prefix)
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.device = device
+        self.device, self.dtype = device, dtype
+        self.kernel = kernel or choose_kernel(device, dtype)
 
         put = weights_on(device, dtype)
 
@@ -117,19 +109,27 @@ class BertEncoder(PackedEncoder):
             put(take(weights, "embeddings.LayerNorm.bias")),
         )
         count = int(config["num_hidden_layers"])
-        self.layers = [_Layer(weights, f"encoder.layer.{i}", device, dtype) for i in range(count)]
+        linear = self.kernel.linear
+        self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
         self.positions = torch.arange(self.max_positions, device=device)
         self.has_head = self._load_head(weights, put)
 
     def _load_head(self, weights, put) -> bool:
         if "classifier.weight" not in weights:
             return False
-        self.head_dense = (put(take(weights, "pooler.dense.weight")),
-                           put(take(weights, "pooler.dense.bias")))  # fmt: skip
-        self.head_out = (put(take(weights, "classifier.weight")),
-                         put(take(weights, "classifier.bias")))  # fmt: skip
-        self.num_labels = self.head_out[0].shape[0]
+        self._set_head(weights, put, "pooler.dense", "classifier")
         return True
+
+    def _set_head(self, weights, put, dense: str, out: str) -> None:
+        linear = self.kernel.linear
+        self.head_dense = Linear(put(take(weights, f"{dense}.weight")),
+                                 put(take(weights, f"{dense}.bias")), kernel=linear)  # fmt: skip
+        self.head_out = Linear(put(take(weights, f"{out}.weight")),
+                               put(take(weights, f"{out}.bias")), kernel=linear)  # fmt: skip
+        self.num_labels = self.head_out.out_features
+
+    def linears(self) -> list[Linear]:
+        return self.layers[0].linears() + head_linears(self)
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T]."""
@@ -157,19 +157,20 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
         x = F.pad(x, (0, 0, 0, pad))
     heads, dim = encoder.num_heads, encoder.head_dim
     for layer in encoder.layers:
-        qkv = linear_in_parts(x, layer.qkv_w, layer.qkv_b, 3)
+        qkv = layer.qkv(x)
         q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
         ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
         if pad:
             ctx = F.pad(ctx, (0, 0, 0, pad))
-        x = F.layer_norm(
-            F.linear(ctx, layer.out_w, layer.out_b) + x, (hidden_size,), *layer.ln1, eps
-        )
-        inner = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
-        x = F.layer_norm(
-            F.linear(inner, layer.ffn_out_w, layer.ffn_out_b) + x, (hidden_size,), *layer.ln2, eps
-        )
+        x = F.layer_norm(layer.out(ctx, residual=x), (hidden_size,), *layer.ln1, eps)
+        x = F.layer_norm(layer.ffn_out(layer.ffn_in(x), residual=x), (hidden_size,),
+                         *layer.ln2, eps)  # fmt: skip
     return x[:tokens] if pad else x
+
+
+def head_linears(encoder) -> list[Linear]:
+    """The classifier's products, if the checkpoint has one."""
+    return [encoder.head_dense, encoder.head_out] if encoder.has_head else []
 
 
 def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
@@ -177,8 +178,8 @@ def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torc
     output projection (`encoder.head_dense`, `encoder.head_out`)."""
     states = hidden[packed.first_tokens()]
     rows = states.shape[0]
-    pooled = torch.tanh(F.linear(encoder.pad_to_cutoff(states), *encoder.head_dense))
-    return consistent_linear(pooled, *encoder.head_out)[:rows]
+    pooled = torch.tanh(encoder.head_dense(encoder.pad_to_cutoff(states)))
+    return encoder.head_out.consistent(pooled)[:rows]
 
 
 class RobertaEncoder(BertEncoder):
@@ -193,9 +194,5 @@ class RobertaEncoder(BertEncoder):
     def _load_head(self, weights, put) -> bool:
         if "classifier.out_proj.weight" not in weights:
             return False
-        self.head_dense = (put(take(weights, "classifier.dense.weight")),
-                           put(take(weights, "classifier.dense.bias")))  # fmt: skip
-        self.head_out = (put(take(weights, "classifier.out_proj.weight")),
-                         put(take(weights, "classifier.out_proj.bias")))  # fmt: skip
-        self.num_labels = self.head_out[0].shape[0]
+        self._set_head(weights, put, "classifier.dense", "classifier.out_proj")
         return True

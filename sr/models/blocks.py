@@ -7,9 +7,11 @@ batch requests under the `exact` profile. Two things are not per token and live 
 * attention, run per group of equal-length rows (`attention`), with the masks a family
   needs (causal, a sliding window, an additive bias such as MPNet's relative positions)
   and grouped-query attention (fewer key/value heads than query heads);
-* the BLAS short-matrix cut-off: a product of fewer rows than the cut-off may round its
-  rows differently from a longer one (sr.models.gemm_rows), so a family appends zero rows
-  up to it (`PackedEncoder.padded_rows`) before its per-token products.
+* the short-matrix cut-off: a product of fewer rows than the cut-off may round its rows
+  differently from a longer one (sr.models.gemm_rows; MKL: 4 rows at 1 thread, 12 at 2;
+  oneDNN's packed kernel: 1-2; never under linear.MIN_ROWS), so a family appends zero
+  rows up to it (`PackedEncoder.padded_rows`) before its per-token products, all of which
+  go through `sr.models.linear.Linear` on the kernel chosen for the host.
 
 Rotary position embeddings and RMSNorm follow the formulas of the transformers modeling
 files the families are checked against (tests/models).
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.gemm_rows import min_consistent_rows
+from sr.models.linear import KernelChoice, Linear, cut_off
 
 # An attention mask for rows of one length: None, or a bool [L, L] (True: may attend) or an
 # additive float [heads or 1, L, L], as F.scaled_dot_product_attention takes it.
@@ -82,19 +84,6 @@ def float32_on(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     return weights_on(device, torch.float32)
 
 
-def linear_in_parts(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int
-) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for a fused weight (q/k/v, GeGLU's two halves) as
-    `parts` products over equal row blocks, joined: at 1 thread on this CPU one product per
-    block ran faster than the fused one (bench_families: Qwen3 8-22 % on its products,
-    ModernBERT's 120-token text 1.00x -> 0.93x transformers), and the joined result
-    keeps the arithmetic that follows exactly as with the fused product."""
-    weights = weight.chunk(parts)
-    biases = bias.chunk(parts) if bias is not None else (None,) * parts
-    return torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases, strict=True)], dim=-1)
-
-
 def head_geometry(config: dict) -> tuple[int, int, int, float]:
     """(hidden_size, heads, head_dim, scale) of an encoder whose heads split the hidden
     size evenly (BERT, MPNet, ModernBERT; Qwen3 sets head_dim itself)."""
@@ -108,7 +97,15 @@ def head_geometry(config: dict) -> tuple[int, int, int, float]:
 class Packed:
     """Where each row lies in a packed forward; computed once, used by every layer."""
 
-    __slots__ = ("_positions", "groups", "lengths", "second_starts", "starts", "tokens")
+    __slots__ = (
+        "_group_index",
+        "_positions",
+        "groups",
+        "lengths",
+        "second_starts",
+        "starts",
+        "tokens",
+    )
 
     def __init__(self, lengths: list[int], second_starts: list[int] | None = None) -> None:
         self.lengths = lengths
@@ -131,6 +128,7 @@ class Packed:
             groups.setdefault(length, []).append(index)
         self.groups = groups
         self._positions: torch.Tensor | None = None
+        self._group_index: dict[int, torch.Tensor] = {}
 
     @property
     def uniform(self) -> bool:
@@ -145,6 +143,15 @@ class Packed:
             else:
                 self._positions = torch.cat([table[:n] for n in self.lengths])
         return self._positions
+
+    def group_index(self, length: int, device: torch.device) -> torch.Tensor:
+        """[rows * length] long: the tokens of the rows of `length` tokens, row after row
+        (built once per forward, used by every layer's attention)."""
+        index = self._group_index.get(length)
+        if index is None:
+            tokens = [self.starts[r] + i for r in self.groups[length] for i in range(length)]
+            index = self._group_index[length] = torch.tensor(tokens, device=device)
+        return index
 
     def second_text_tokens(self, device: torch.device) -> torch.Tensor | None:
         """[T] long, 1 on each token of a row's second text and 0 elsewhere; None when no
@@ -181,18 +188,18 @@ def attention(
         ctx = _attend(q, k, v, n, length, scale, causal, mask_for, gqa)
         return ctx.reshape(n * length, heads * dim)
     out = torch.empty(packed.tokens, heads * dim, device=q.device, dtype=q.dtype)
-    starts = packed.starts
     for length, rows in packed.groups.items():
-        if len(rows) == 1:
-            span = slice(starts[rows[0]], starts[rows[0]] + length)
-            parts = q[span], k[span], v[span]
-        else:
-            spans = [slice(starts[r], starts[r] + length) for r in rows]
-            parts = tuple(torch.cat([t[s] for s in spans]) for t in (q, k, v))
-        ctx = _attend(*parts, len(rows), length, scale, causal, mask_for, gqa)
-        ctx = ctx.reshape(len(rows), length, heads * dim)
-        for i, r in enumerate(rows):
-            out[starts[r] : starts[r] + length] = ctx[i]
+        n = len(rows)
+        if n == 1:
+            span = slice(packed.starts[rows[0]], packed.starts[rows[0]] + length)
+            ctx = _attend(q[span], k[span], v[span], 1, length, scale, causal, mask_for, gqa)
+            out[span] = ctx.reshape(length, heads * dim)
+            continue
+        # One gather per tensor and one scatter back per group, not a slice per row.
+        index = packed.group_index(length, q.device)
+        parts = (t.index_select(0, index) for t in (q, k, v))
+        ctx = _attend(*parts, n, length, scale, causal, mask_for, gqa)
+        out.index_copy_(0, index, ctx.reshape(n * length, heads * dim))
     return out
 
 
@@ -259,18 +266,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class PackedEncoder:
-    """What every family shares: the device, the BLAS cut-off padding, the position
-    table. Subclasses set `hidden_size` and implement `hidden_states(ids, packed)`."""
+    """What every family shares: the device, the kernel of its products, the cut-off
+    padding, the position table. Subclasses set `hidden_size`, `device`, `dtype` and
+    `kernel`, list their products' shapes in `linears()` and implement
+    `hidden_states(ids, packed)`."""
 
     hidden_size: int
     device: torch.device
+    dtype: torch.dtype
+    kernel: KernelChoice
+
+    def linears(self) -> list[Linear]:
+        """One of each product shape the padded forward runs (a layer's and the head's)."""
+        raise NotImplementedError
 
     def calibrate(self) -> int:
-        """The BLAS short-matrix cut-off (rows) at the current thread count; cached."""
-        return min_consistent_rows(self.device, self.hidden_size, self.hidden_size)
+        """The short-matrix cut-off (rows) of every product shape at the current thread
+        count: measured once per count, then a dict lookup per forward."""
+        cut_offs = self.__dict__.setdefault("_cut_offs", {})
+        threads = torch.get_num_threads()
+        rows = cut_offs.get(threads)
+        if rows is None:
+            rows = cut_offs[threads] = cut_off(self.linears(), self.device, self.dtype)
+        return rows
 
     def padded_rows(self, rows: int) -> int:
-        """Zero rows to append so every product is past the BLAS short-matrix cut-off."""
+        """Zero rows to append so every product is past the short-matrix cut-off."""
         return max(0, self.calibrate() - rows)
 
     def pad_to_cutoff(self, x: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,9 @@
 
 Each module is `activation(x @ weight.T + bias)`, plus `x` (or `x @ residual.weight.T`) with
 `use_residual`, in float32, as sentence_transformers.models.Dense computes it. All rows of a
-batch go through one product, `gemm_rows.consistent_linear`, which pads them to the BLAS
-short-matrix cut-off of the module's shape (or sums per row for one output), so a row gets
-the same bits alone as in any batch.
+batch go through one product, `Linear.consistent` (sr.models.linear, on the kernel chosen
+for the host at float32), which pads them to the short-matrix cut-off of the module's
+shape (or sums per row for one output), so a row gets the same bits alone as in any batch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from sr.errors import UnsupportedModel
 from sr.models.checkpoint import DenseSpec
-from sr.models.gemm_rows import consistent_linear, min_consistent_rows
+from sr.models.kernels import BLAS
+from sr.models.linear import Linear
 
 # What each torch.nn module of checkpoint.DENSE_ACTIVATIONS computes (default arguments:
 # nn.GELU() is the exact erf GELU, as F.gelu).
@@ -33,9 +34,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
 
 
 class _Dense:
-    __slots__ = ("activation", "bias", "residual", "spec", "weight")
+    __slots__ = ("activation", "linear", "residual", "spec")
 
-    def __init__(self, folder: Path, spec: DenseSpec, device: torch.device):
+    def __init__(self, folder: Path, spec: DenseSpec, device: torch.device, kernel: str):
         file = folder / spec.path / "model.safetensors"
         try:
             tensors = load_file(str(file), device="cpu")
@@ -64,17 +65,20 @@ class _Dense:
             return tensors[name].to(device=device, dtype=torch.float32).contiguous()
 
         self.spec = spec
-        self.weight = put("linear.weight")
-        self.bias = put("linear.bias")
-        self.residual = put("residual.weight")
+        self.linear = Linear(put("linear.weight"), put("linear.bias"), kernel=kernel)
+        residual = put("residual.weight")
+        self.residual = None if residual is None else Linear(residual, kernel=kernel)
         self.activation = ACTIVATIONS[spec.activation]
 
+    def linears(self) -> list[Linear]:
+        return [self.linear] if self.residual is None else [self.linear, self.residual]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = consistent_linear(x, self.weight, self.bias)
+        out = self.linear.consistent(x)
         if self.activation is not None:
             out = _rowwise(self.activation, out)
         if self.spec.residual:
-            out = out + (x if self.residual is None else consistent_linear(x, self.residual))
+            out = out + (x if self.residual is None else self.residual.consistent(x))
         return out
 
 
@@ -83,7 +87,12 @@ class DenseStack:
     pooled size when there are none)."""
 
     def __init__(
-        self, folder: Path, specs: tuple[DenseSpec, ...], pooled_size: int, device: torch.device
+        self,
+        folder: Path,
+        specs: tuple[DenseSpec, ...],
+        pooled_size: int,
+        device: torch.device,
+        kernel: str = BLAS,
     ):
         if specs and specs[0].in_features != pooled_size:
             raise UnsupportedModel(
@@ -91,7 +100,7 @@ class DenseStack:
                 f"{specs[0].in_features} does not match the pooled size {pooled_size}"
             )
         self.device = device
-        self.layers = [_Dense(Path(folder), spec, device) for spec in specs]
+        self.layers = [_Dense(Path(folder), spec, device, kernel) for spec in specs]
         self.out_features = specs[-1].out_features if specs else pooled_size
 
     def __bool__(self) -> bool:
@@ -101,7 +110,8 @@ class DenseStack:
         """Measure the short-matrix cut-off of every module's shape at the current thread
         count (once per count), so that no timed forward pays for it."""
         for layer in self.layers:
-            min_consistent_rows(self.device, layer.spec.in_features, layer.spec.out_features)
+            for linear in layer.linears():
+                linear.cut_off(self.device, torch.float32)
 
     def __call__(self, pooled: torch.Tensor) -> torch.Tensor:
         """pooled [n, pooled_size] -> [n, out_features]. Each product pads its rows to its

@@ -21,6 +21,7 @@ from sr.models.blocks import Packed, torch_dtype
 from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.dense import DenseStack
 from sr.models.families import family_for
+from sr.models.linear import choose_kernel
 from sr.models.pooling import pool
 
 
@@ -39,6 +40,7 @@ class EncoderModel:
         backbone,
         tokenizer: Tokenizer,
         device: torch.device,
+        kernel: str | None = None,
     ):
         self.artifact_dir = artifact_dir
         self.layout = layout
@@ -47,11 +49,12 @@ class EncoderModel:
         self.tokenizer = tokenizer
         self.max_position_embeddings: int = backbone.max_positions
         self.max_seq_length: int | None = layout.max_seq_length
-        # The checkpoint's Dense modules after pooling (float32); the last one's out_features
-        # is the embedding size.
+        # The checkpoint's Dense modules after pooling (float32, on the kernel chosen for
+        # float32 here); the last one's out_features is the embedding size.
         self.dense = DenseStack(
-            artifact_dir, layout.dense, backbone.hidden_size * len(layout.pooling_modes), device
-        )
+            artifact_dir, layout.dense, backbone.hidden_size * len(layout.pooling_modes), device,
+            choose_kernel(device, torch.float32, kernel).linear,
+        )  # fmt: skip
         self.embedding_dim: int = self.dense.out_features
         self.pooling_modes = layout.pooling_modes
         self.normalize = layout.normalize
@@ -74,6 +77,12 @@ class EncoderModel:
         self._prefix = empty[:1]
         self._suffix = empty[1:] if empty else []
         self._min_tokens = len(empty)
+
+    @property
+    def kernel_card(self) -> dict[str, str] | None:
+        """The kernel serving the backbone's linear products and why (the worker's card)."""
+        choice = getattr(self.backbone, "kernel", None)
+        return choice.card() if choice is not None else None
 
     @functools.cached_property
     def weights_sha256(self) -> str:
@@ -243,17 +252,24 @@ def load_tokenizer(folder: Path) -> Tokenizer:
 
 
 def load_model(
-    path: Path, device: str = "cpu", dtype: str | torch.dtype = "float32"
+    path: Path,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    kernel: str | None = None,
 ) -> EncoderModel:
     """Load a resolved model folder (see `resolve_artifact`) onto `device`, its weights
-    computed in `dtype` (float32, bfloat16 or float16; answers come back float32)."""
+    computed in `dtype` (float32, bfloat16 or float16; answers come back float32), its
+    linear products on `kernel` ("blas" or "onednn"; None: the one probed for the host,
+    sr.models.linear.choose_kernel)."""
     folder = Path(path)
     layout = read_layout(folder)
     family = family_for(layout.model_type)
     target = torch_device(device)
     precision = torch_dtype(dtype)
     weights = load_file(str(folder / "model.safetensors"), device="cpu")
-    backbone = family(layout.config, weights, target, precision)
-    model = EncoderModel(folder, layout, backbone, load_tokenizer(folder), target)
+    backbone = family(
+        layout.config, weights, target, precision, choose_kernel(target, precision, kernel)
+    )
+    model = EncoderModel(folder, layout, backbone, load_tokenizer(folder), target, kernel)
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
     return model

@@ -1,8 +1,9 @@
 """Model families, keyed by config.json `model_type`.
 
-A family turns (config, safetensors weights, device) into an object with
-`hidden_states(ids [T], packed) -> [T, H]` over packed rows (sr.models.blocks.Packed),
-`hidden_size`, `max_positions`, `vocab_size`, `calibrate()` (BLAS cut-off rows, see
+A family turns (config, safetensors weights, device, dtype, kernel choice) into an object
+with `hidden_states(ids [T], packed) -> [T, H]` over packed rows (sr.models.blocks.Packed),
+`hidden_size`, `max_positions`, `vocab_size`, `kernel` (sr.models.linear.KernelChoice: every
+product goes through `Linear`), `calibrate()` (the cut-off rows of its products, see
 gemm_rows), `has_head` and, with a head, `num_labels` and `classify(hidden, packed, ids)` (the
 packed ids too: a decoder's head reads each row's last token that is not padding).
 Families share their building blocks (sr.models.blocks); adding one is a module on those

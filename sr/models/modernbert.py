@@ -31,13 +31,12 @@ from sr.models.blocks import (
     Rotary,
     attention,
     head_geometry,
-    linear_in_parts,
     sliding_window_mask,
     strip_prefix,
     take,
     weights_on,
 )
-from sr.models.gemm_rows import consistent_linear
+from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 # transformers' ACT2FN names whose modules call exactly these torch functions.
 _ACTIVATIONS = {
@@ -89,6 +88,13 @@ def _affine(w, name: str, bias: bool, put) -> tuple[torch.Tensor, torch.Tensor |
     return put(take(w, f"{name}.weight")), put(take(w, f"{name}.bias")) if bias else None
 
 
+def _joined(affine: tuple[torch.Tensor, torch.Tensor | None], parts: int, kernel: str) -> Linear:
+    """A fused checkpoint weight (Wqkv, Wi) as one product of `parts` row blocks."""
+    weight, bias = affine
+    biases = bias.chunk(parts) if bias is not None else (None,) * parts
+    return Linear.joined(list(zip(weight.chunk(parts), biases, strict=True)), kernel=kernel)
+
+
 def _rotate(rotary: Rotary, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotary positions as transformers' ModernBERT applies them: in float32 (x upcast, the
     cos/sin tables already rounded to the served dtype), the result cast back. A no-op cast
@@ -101,19 +107,24 @@ class _Layer:
 
     __slots__ = ("attn_norm", "mlp_norm", "out", "qkv", "rotary", "wi", "window", "wo")
 
-    def __init__(self, w, index: int, put, biases: tuple[bool, bool, bool], rotary, window):
+    def __init__(
+        self, w, index: int, put, biases: tuple[bool, bool, bool], rotary, window, kernel: str
+    ):
         attention_bias, mlp_bias, norm_bias = biases
         p = f"layers.{index}"
         # Layer 0's attention norm is an Identity in transformers: the embedding norm
         # has just normalised its input.
         self.attn_norm = _affine(w, f"{p}.attn_norm", norm_bias, put) if index else None
-        self.qkv = _affine(w, f"{p}.attn.Wqkv", attention_bias, put)
-        self.out = _affine(w, f"{p}.attn.Wo", attention_bias, put)
+        self.qkv = _joined(_affine(w, f"{p}.attn.Wqkv", attention_bias, put), 3, kernel)
+        self.out = Linear(*_affine(w, f"{p}.attn.Wo", attention_bias, put), kernel=kernel)
         self.mlp_norm = _affine(w, f"{p}.mlp_norm", norm_bias, put)
-        self.wi = _affine(w, f"{p}.mlp.Wi", mlp_bias, put)
-        self.wo = _affine(w, f"{p}.mlp.Wo", mlp_bias, put)
+        self.wi = _joined(_affine(w, f"{p}.mlp.Wi", mlp_bias, put), 2, kernel)
+        self.wo = Linear(*_affine(w, f"{p}.mlp.Wo", mlp_bias, put), kernel=kernel)
         self.rotary: Rotary = rotary
         self.window: bool = window
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.out, self.wi, self.wo]
 
 
 class ModernBertEncoder(PackedEncoder):
@@ -125,6 +136,7 @@ class ModernBertEncoder(PackedEncoder):
         weights: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        kernel: KernelChoice | None = None,
     ):
         self.act = _activation(config, "hidden_activation")
         weights = strip_prefix(weights, "model.")
@@ -132,7 +144,8 @@ class ModernBertEncoder(PackedEncoder):
         self.eps = float(config.get("norm_eps", 1e-5))
         self.window = int(config.get("local_attention", 128))
         self.max_positions = int(config.get("max_position_embeddings", 8192))
-        self.device = device
+        self.device, self.dtype = device, dtype
+        self.kernel = kernel or choose_kernel(device, dtype)
 
         put = weights_on(device, dtype)
 
@@ -155,7 +168,15 @@ class ModernBertEncoder(PackedEncoder):
             norm_bias,
         )
         self.layers = [
-            _Layer(weights, i, put, biases, rotary[kind], kind == "sliding_attention")
+            _Layer(
+                weights,
+                i,
+                put,
+                biases,
+                rotary[kind],
+                kind == "sliding_attention",
+                self.kernel.linear,
+            )
             for i, kind in enumerate(kinds)
         ]
         self.positions = torch.arange(self.max_positions, device=device)
@@ -169,11 +190,16 @@ class ModernBertEncoder(PackedEncoder):
             raise UnsupportedModel(f"classifier_pooling {self.pooling!r} is not supported")
         self.head_act = _activation(config, "classifier_activation")
         dense_bias = bool(config.get("classifier_bias", False))
-        self.head_dense = _affine(weights, "head.dense", dense_bias, put)
+        linear = self.kernel.linear
+        self.head_dense = Linear(*_affine(weights, "head.dense", dense_bias, put), kernel=linear)
         self.head_norm = _affine(weights, "head.norm", norm_bias, put)
-        self.head_out = _affine(weights, "classifier", True, put)
-        self.num_labels = self.head_out[0].shape[0]
+        self.head_out = Linear(*_affine(weights, "classifier", True, put), kernel=linear)
+        self.num_labels = self.head_out.out_features
         return True
+
+    def linears(self) -> list[Linear]:
+        head = [self.head_dense, self.head_out] if self.has_head else []
+        return self.layers[0].linears() + head
 
     def _window_masks(self):
         """mask_for(length) of the local layers, each length's mask built once per forward
@@ -208,17 +234,17 @@ class ModernBertEncoder(PackedEncoder):
                 if layer.attn_norm is not None
                 else x
             )
-            qkv = linear_in_parts(h, *layer.qkv, 3)
+            qkv = layer.qkv(h)
             q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
             q, k = _rotate(layer.rotary, q, positions), _rotate(layer.rotary, k, positions)
             mask_for = window_masks if layer.window else None
             ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
-            x = x + F.linear(ctx, *layer.out)
+            x = layer.out(ctx, residual=x)
             h = F.layer_norm(x, (hidden_size,), *layer.mlp_norm, eps)
-            inputs, gate = linear_in_parts(h, *layer.wi, 2).chunk(2, dim=-1)
-            x = x + F.linear(self.act(inputs) * gate, *layer.wo)
+            inputs, gate = layer.wi(h).chunk(2, dim=-1)
+            x = layer.wo(self.act(inputs) * gate, residual=x)
         x = F.layer_norm(x, (hidden_size,), *self.final_norm, eps)
         return x[:tokens] if pad else x
 
@@ -234,7 +260,7 @@ class ModernBertEncoder(PackedEncoder):
         rows = states.shape[0]
         states = self.pad_to_cutoff(states)
         pooled = F.layer_norm(
-            self.head_act(F.linear(states, *self.head_dense)), (self.hidden_size,),
+            self.head_act(self.head_dense(states)), (self.hidden_size,),
             *self.head_norm, self.eps,
         )  # fmt: skip
-        return consistent_linear(pooled, *self.head_out)[:rows]
+        return self.head_out.consistent(pooled)[:rows]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.bert import first_token_tanh_head, post_norm_layers
+from sr.models.bert import first_token_tanh_head, head_linears, post_norm_layers
 from sr.models.blocks import (
     Packed,
     PackedEncoder,
@@ -30,6 +30,7 @@ from sr.models.blocks import (
     take,
     weights_on,
 )
+from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
 # argument, not config.relative_attention_num_buckets) with a reach of 128 tokens.
@@ -56,35 +57,31 @@ def relative_buckets(max_positions: int) -> torch.Tensor:
 
 
 class _Layer:
-    """One transformer block's weights, query/key/value fused into one projection."""
+    """One transformer block's products and norms, query/key/value joined in one product
+    (the slots `post_norm_layers` reads, as BERT's layer)."""
 
-    __slots__ = (
-        "ffn_in_b",
-        "ffn_in_w",
-        "ffn_out_b",
-        "ffn_out_w",
-        "ln1",
-        "ln2",
-        "out_b",
-        "out_w",
-        "qkv_b",
-        "qkv_w",
-    )
+    __slots__ = ("ffn_in", "ffn_out", "ln1", "ln2", "out", "qkv")
 
-    def __init__(self, w: dict[str, torch.Tensor], p: str, put):
+    def __init__(self, w: dict[str, torch.Tensor], p: str, put, kernel: str):
         attn = f"{p}.attention"
-        self.qkv_w = put(torch.cat([take(w, f"{attn}.attn.{n}.weight") for n in "qkv"]))
-        self.qkv_b = put(torch.cat([take(w, f"{attn}.attn.{n}.bias") for n in "qkv"]))
-        self.out_w = put(take(w, f"{attn}.attn.o.weight"))
-        self.out_b = put(take(w, f"{attn}.attn.o.bias"))
+        qkv_w = put(torch.cat([take(w, f"{attn}.attn.{n}.weight") for n in "qkv"]))
+        qkv_b = put(torch.cat([take(w, f"{attn}.attn.{n}.bias") for n in "qkv"]))
+        self.qkv = Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)),
+                                 kernel=kernel)  # fmt: skip
+        self.out = Linear(put(take(w, f"{attn}.attn.o.weight")),
+                          put(take(w, f"{attn}.attn.o.bias")), kernel=kernel)  # fmt: skip
         self.ln1 = (put(take(w, f"{attn}.LayerNorm.weight")),
                     put(take(w, f"{attn}.LayerNorm.bias")))  # fmt: skip
-        self.ffn_in_w = put(take(w, f"{p}.intermediate.dense.weight"))
-        self.ffn_in_b = put(take(w, f"{p}.intermediate.dense.bias"))
-        self.ffn_out_w = put(take(w, f"{p}.output.dense.weight"))
-        self.ffn_out_b = put(take(w, f"{p}.output.dense.bias"))
+        self.ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
+                             put(take(w, f"{p}.intermediate.dense.bias")),
+                             kernel=kernel, activation="gelu")  # fmt: skip
+        self.ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
+                              put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
         self.ln2 = (put(take(w, f"{p}.output.LayerNorm.weight")),
                     put(take(w, f"{p}.output.LayerNorm.bias")))  # fmt: skip
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.out, self.ffn_in, self.ffn_out]
 
 
 class MPNetEncoder(PackedEncoder):
@@ -96,6 +93,7 @@ class MPNetEncoder(PackedEncoder):
         weights: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        kernel: KernelChoice | None = None,
     ):
         if config.get("hidden_act", "gelu") != "gelu":
             raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
@@ -109,7 +107,9 @@ class MPNetEncoder(PackedEncoder):
         weights = strip_prefix(weights, "mpnet.")
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.device = device
+        self.device, self.dtype = device, dtype
+        self.kernel = kernel or choose_kernel(device, dtype)
+        linear = self.kernel.linear
 
         put = weights_on(device, dtype)
 
@@ -130,15 +130,20 @@ class MPNetEncoder(PackedEncoder):
         # gather, with no bucket arithmetic in the forward.
         self.offset_bias = put(bias[relative_buckets(self.max_positions)].T)
         count = int(config["num_hidden_layers"])
-        self.layers = [_Layer(weights, f"encoder.layer.{i}", put) for i in range(count)]
+        self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
         self.positions = torch.arange(self.max_positions, device=device)
         self.has_head = "classifier.out_proj.weight" in weights
         if self.has_head:
-            self.head_dense = (put(take(weights, "classifier.dense.weight")),
-                               put(take(weights, "classifier.dense.bias")))  # fmt: skip
-            self.head_out = (put(take(weights, "classifier.out_proj.weight")),
-                             put(take(weights, "classifier.out_proj.bias")))  # fmt: skip
-            self.num_labels = self.head_out[0].shape[0]
+            self.head_dense = Linear(put(take(weights, "classifier.dense.weight")),
+                                     put(take(weights, "classifier.dense.bias")),
+                                     kernel=linear)  # fmt: skip
+            self.head_out = Linear(put(take(weights, "classifier.out_proj.weight")),
+                                   put(take(weights, "classifier.out_proj.bias")),
+                                   kernel=linear)  # fmt: skip
+            self.num_labels = self.head_out.out_features
+
+    def linears(self) -> list[Linear]:
+        return self.layers[0].linears() + head_linears(self)
 
     def position_bias(self, length: int) -> torch.Tensor:
         """Additive attention mask [heads, L, L] of a row of `length` tokens."""

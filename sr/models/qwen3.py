@@ -26,7 +26,7 @@ from sr.models.blocks import (
     take,
     weights_on,
 )
-from sr.models.gemm_rows import consistent_linear
+from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 
 def _check_config(config: dict) -> float:
@@ -59,31 +59,41 @@ def _check_config(config: dict) -> float:
 
 
 class _Layer:
-    """One decoder block's weights. q, k and v (and gate and up) are separate products,
-    joined afterwards: one fused product ran 8-22 % slower on this CPU at 1 thread
-    (docs/benchmarks.md), and the joined result keeps the per-token arithmetic after it
-    exactly as with the fused product."""
+    """One decoder block's products and norms. q, k and v (and gate and up) are each one
+    product of the three (two) weights joined (sr.models.linear): on BLAS one product per
+    weight, joined afterwards, since one fused product ran 8-22 % slower with MKL at 1
+    thread (docs/benchmarks.md); on oneDNN one fused product."""
 
-    __slots__ = ("down_w", "k_norm", "ln1", "ln2", "mlp_in", "o_b", "o_w", "q_norm", "qkv")
+    __slots__ = ("down", "k_norm", "ln1", "ln2", "mlp_in", "o", "q_norm", "qkv")
 
-    def __init__(self, w: dict[str, torch.Tensor], p: str, bias: bool, put):
+    def __init__(self, w: dict[str, torch.Tensor], p: str, bias: bool, put, kernel: str):
         attn = f"{p}.self_attn"
-        self.qkv = [
-            (
-                put(take(w, f"{attn}.{n}.weight")),
-                put(take(w, f"{attn}.{n}.bias")) if bias else None,
-            )
-            for n in ("q_proj", "k_proj", "v_proj")
-        ]
-        self.o_w = put(take(w, f"{attn}.o_proj.weight"))
-        self.o_b = put(take(w, f"{attn}.o_proj.bias")) if bias else None
+        self.qkv = Linear.joined(
+            [
+                (
+                    put(take(w, f"{attn}.{n}.weight")),
+                    put(take(w, f"{attn}.{n}.bias")) if bias else None,
+                )
+                for n in ("q_proj", "k_proj", "v_proj")
+            ],
+            kernel=kernel,
+        )
+        self.o = Linear(put(take(w, f"{attn}.o_proj.weight")),
+                        put(take(w, f"{attn}.o_proj.bias")) if bias else None,
+                        kernel=kernel)  # fmt: skip
         self.q_norm = put(take(w, f"{attn}.q_norm.weight"))
         self.k_norm = put(take(w, f"{attn}.k_norm.weight"))
         self.ln1 = put(take(w, f"{p}.input_layernorm.weight"))
         self.ln2 = put(take(w, f"{p}.post_attention_layernorm.weight"))
         mlp = f"{p}.mlp"
-        self.mlp_in = [put(take(w, f"{mlp}.{n}_proj.weight")) for n in ("gate", "up")]
-        self.down_w = put(take(w, f"{mlp}.down_proj.weight"))
+        self.mlp_in = Linear.joined(
+            [(put(take(w, f"{mlp}.{n}_proj.weight")), None) for n in ("gate", "up")],
+            kernel=kernel,
+        )
+        self.down = Linear(put(take(w, f"{mlp}.down_proj.weight")), kernel=kernel)
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o, self.mlp_in, self.down]
 
 
 class Qwen3Encoder(PackedEncoder):
@@ -95,10 +105,12 @@ class Qwen3Encoder(PackedEncoder):
         weights: dict[str, torch.Tensor],
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        kernel: KernelChoice | None = None,
     ):
         theta = _check_config(config)
         weights = strip_prefix(weights, "model.")
-        self.device = device
+        self.device, self.dtype = device, dtype
+        self.kernel = kernel or choose_kernel(device, dtype)
 
         put = weights_on(device, dtype)
 
@@ -117,7 +129,9 @@ class Qwen3Encoder(PackedEncoder):
         self.vocab_size = self.embed.shape[0]
         bias = bool(config.get("attention_bias", False))
         count = int(config["num_hidden_layers"])
-        self.layers = [_Layer(weights, f"layers.{i}", bias, put) for i in range(count)]
+        self.layers = [
+            _Layer(weights, f"layers.{i}", bias, put, self.kernel.linear) for i in range(count)
+        ]
         self.norm = put(take(weights, "norm.weight"))
         self.max_positions = int(config["max_position_embeddings"])
         # cos/sin in the served dtype, rotation in it too (transformers' Qwen3 rotates in
@@ -128,8 +142,11 @@ class Qwen3Encoder(PackedEncoder):
         self.pad_token_id = None if pad_id is None else int(pad_id)
         self.has_head = "score.weight" in weights
         if self.has_head:
-            self.score = put(weights["score.weight"])
-            self.num_labels = self.score.shape[0]
+            self.score = Linear(put(weights["score.weight"]), kernel=self.kernel.linear)
+            self.num_labels = self.score.out_features
+
+    def linears(self) -> list[Linear]:
+        return self.layers[0].linears() + ([self.score] if self.has_head else [])
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T] (after the final norm)."""
@@ -144,7 +161,7 @@ class Qwen3Encoder(PackedEncoder):
         q_size, kv_size = self.num_heads * dim, self.num_kv_heads * dim
         for layer in self.layers:
             normed = rms_norm(x, layer.ln1, eps)
-            qkv = torch.cat([F.linear(normed, w, b) for w, b in layer.qkv], dim=1)
+            qkv = layer.qkv(normed)
             if pad:
                 qkv = qkv[:tokens]
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=1)
@@ -155,10 +172,10 @@ class Qwen3Encoder(PackedEncoder):
             ctx = attention(q, k, v.reshape(tokens, -1, dim), packed, scale=self.scale, causal=True)
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
-            x = x + F.linear(ctx, layer.o_w, layer.o_b)
+            x = layer.o(ctx, residual=x)
             normed = rms_norm(x, layer.ln2, eps)
-            gate, up = torch.cat([F.linear(normed, w) for w in layer.mlp_in], dim=1).chunk(2, dim=1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_w)
+            gate, up = layer.mlp_in(normed).chunk(2, dim=1)
+            x = layer.down(F.silu(gate) * up, residual=x)
         x = rms_norm(x, self.norm, eps)
         return x[:tokens] if pad else x
 
@@ -169,7 +186,7 @@ class Qwen3Encoder(PackedEncoder):
         states = hidden[self._read_tokens(packed, ids)]
         rows = states.shape[0]
         states = self.pad_to_cutoff(states)
-        return consistent_linear(states, self.score)[:rows]
+        return self.score.consistent(states)[:rows]
 
     def _read_tokens(self, packed: Packed, ids: torch.Tensor) -> list[int]:
         if self.pad_token_id is None:
