@@ -1,7 +1,7 @@
 """sr against ONNX Runtime on the embedded MiniLM, at equal threads, sides alternating.
 
     python -m bench.bench_onnx [--threads 1 2] [--rounds 5] [--singles 30] [--no-serve]
-        [--graphs fused plain]
+        [--no-bf16] [--graphs fused plain]
 
 The ONNX model is made here, in a temporary folder, from the same weights sr serves:
 transformers' BertModel (eager attention) + sentence-transformers' mean pooling + L2
@@ -18,6 +18,11 @@ longest row, truncation at max_seq_length), as a transformers pipeline would.
 
 Sides, per thread count N, alternating round by round (the order rotates):
   * sr: the in-process engine, `embed(truncate(tokenize(texts)))` at torch.set_num_threads(N);
+  * sr_bf16: the same engine with its weights and activations in bfloat16, what the
+    `throughput` profile serves on CPUs with native bfloat16 (sr.config.precision; skipped
+    with --no-bf16). Its deviation from float32 is measured on the golden set against
+    the recorded float32 references (the golden check a worker runs at start: max abs
+    diff, least cosine) and, for information, against sr fp32 on the texts of the check;
   * sr serve: end to end through `sr serve --threads N` (one worker, caches off), one
     POST /v1/embeddings per case (skipped with --no-serve);
   * ort_fused, ort_plain: tokenize, pad, `session.run`.
@@ -28,7 +33,9 @@ Ratios are sr over the faster ORT graph of the case (`best_ort`), per adjacent p
 Before timing, sr's and ORT's vectors of 200 varied texts and of the batch are compared
 (max abs diff, min cosine): the two compute the same function.
 Issue 16's targets: at 1 thread sr >= 1.2x ORT's throughput on (a) and <= 1.0x its latency
-on (b) and (c); at 2 threads <= 1.0x on (c). Writes bench/results/onnx.json.
+on (b) and (c); at 2 threads <= 1.0x on (c); the throughput profile (sr_bf16) at 1 thread
+>= 2x ORT fp32's throughput on (a) with least cosine to float32 >= 0.999 on the golden set.
+Writes bench/results/onnx.json.
 Needs onnxruntime and onnx (pip install '.[bench]').
 """
 
@@ -57,6 +64,8 @@ BATCH = 32
 MAX_ABS_DIFF = 1e-5  # the same function in fp32: a few ulps of the vectors' entries
 MIN_COSINE = 0.99999
 THROUGHPUT_TARGET_1T = 1.2  # sr texts/s over ORT's, at least (1 thread)
+BF16_THROUGHPUT_TARGET_1T = 2.0  # sr bf16 (the throughput profile) over ORT fp32, at least
+BF16_MIN_COSINE = 0.999  # sr bf16's least cosine to float32 on the golden set, at least
 LATENCY_TARGET = 1.0  # sr ms over ORT's, at most
 
 
@@ -243,10 +252,14 @@ class OrtEmbedder:
 # -- agreement -----------------------------------------------------------------------------
 
 
-def agreement(model, embedder: OrtEmbedder, texts: list[str], limit: int) -> dict:
-    """Max abs diff and min cosine between sr's and ORT's vectors of the same token ids."""
+def agreement(
+    model, embedder: OrtEmbedder, texts: list[str], limit: int, *, ours_model=None
+) -> dict:
+    """Max abs diff and min cosine between sr's and ORT's vectors of the same token ids
+    (sr's from `ours_model` when given, e.g. the bfloat16 engine, tokenized by `model`)."""
     ids = [model.truncate(row, limit) for row in model.tokenize(texts)]
-    ours = torch.cat([model.embed(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
+    engine = ours_model or model
+    ours = torch.cat([engine.embed(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
     theirs = torch.from_numpy(
         np.concatenate([embedder.embed_ids(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
     )
@@ -369,7 +382,10 @@ async def measure(sides: dict[str, Side], tokenizer, args, serial: list[int]) ->
 def targets(threads: int, cases: dict, side: str) -> list[dict]:
     """Issue 16's targets that apply at this thread count, read on the ratio of medians."""
     wanted = []
-    if threads == 1:
+    if side == "sr_bf16":  # the throughput profile: 1 thread only
+        if threads == 1:
+            wanted = [("batch32_medium", "throughput_ratio", ">=", BF16_THROUGHPUT_TARGET_1T)]
+    elif threads == 1:
         wanted = [
             ("batch32_medium", "throughput_ratio", ">=", THROUGHPUT_TARGET_1T),
             ("single_short", "latency_ratio", "<=", LATENCY_TARGET),
@@ -395,6 +411,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--singles", type=int, default=30, help="timed rounds of each single")
     parser.add_argument("--no-serve", dest="serve", action="store_false", help="skip sr serve")
     parser.add_argument(
+        "--no-bf16", dest="bf16", action="store_false", help="skip sr's bfloat16 side"
+    )
+    parser.add_argument(
         "--graphs", nargs="+", choices=GRAPHS, default=list(GRAPHS), help="ORT sides to run"
     )
     parser.add_argument("--out", default="onnx", help="bench/results/<OUT>.json")
@@ -403,13 +422,14 @@ def main(argv: list[str] | None = None) -> dict:
     import onnxruntime
 
     from bench.bench_engine import varied_texts
-    from sr.models import load_model, resolve_artifact
+    from sr.models import golden_check, load_model, resolve_artifact
 
     started = time.perf_counter()
     artifact = embedded_artifact()
     folder = resolve_artifact(artifact)
     model = load_model(folder)
     limit = model.max_seq_length or model.max_position_embeddings
+    model_bf16 = load_model(folder, dtype="bfloat16") if args.bf16 else None
     serial = [0]
     by_threads = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-onnx-") as tmp:
@@ -420,6 +440,8 @@ def main(argv: list[str] | None = None) -> dict:
         for threads in args.threads:
             torch.set_num_threads(threads)
             model.calibrate_threads()
+            if model_bf16 is not None:
+                model_bf16.calibrate_threads()
             ort = {
                 name: OrtEmbedder(e.path, threads, tokenizer_folder=folder, max_length=limit)
                 for name, e in exported.items()
@@ -429,14 +451,14 @@ def main(argv: list[str] | None = None) -> dict:
             for name, embedder in ort.items():
                 check[name] = agreement(model, embedder, varied_texts(), limit)
                 check[name]["batch32_medium"] = agreement(model, embedder, batch_texts, limit)
-            sides = {
-                "sr": in_process(
-                    lambda texts: model.embed(
-                        [model.truncate(row, limit) for row in model.tokenize(texts)]
-                    )
-                ),
-                **{f"ort_{name}": in_process(e.embed_texts) for name, e in ort.items()},
-            }
+            sides = {"sr": in_process(engine_embed(model, limit))}
+            bf16 = None
+            if model_bf16 is not None:
+                bf16 = bf16_deviation(
+                    model, model_bf16, ort, varied_texts(), batch_texts, limit, golden_check
+                )
+                sides["sr_bf16"] = in_process(engine_embed(model_bf16, limit))
+            sides.update({f"ort_{name}": in_process(e.embed_texts) for name, e in ort.items()})
 
             async def run(sides=sides, threads=threads) -> dict:
                 if not args.serve:
@@ -455,11 +477,22 @@ def main(argv: list[str] | None = None) -> dict:
 
             cases = trio.run(run)
             entry = {"threads": threads, "agreement": check, "cases": cases}
+            if bf16 is not None:
+                # apart from `agreement`: bfloat16 is not the same function to the bit
+                entry["bf16"] = bf16
             entry["targets"] = {
                 side: targets(threads, cases, side)
-                for side in ("sr", "sr_serve")
+                for side in ("sr", "sr_bf16", "sr_serve")
                 if f"{side}_vs_ort" in cases["single_short"]
             }
+            if bf16 is not None and threads == 1:
+                cosine = bf16["golden"]["min_cosine"]
+                bf16["target"] = {
+                    "case": "golden_set",
+                    "goal": f"min cosine to float32 >= {BF16_MIN_COSINE}",
+                    "measured": cosine,
+                    "met": cosine >= BF16_MIN_COSINE,
+                }
             by_threads.append(entry)
             _print_threads(entry)
 
@@ -487,8 +520,52 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def engine_embed(model, limit: int) -> Callable[[list[str]], object]:
+    """Texts -> sr's vectors, in process: tokenize, truncate, one forward."""
+    return lambda texts: model.embed([model.truncate(row, limit) for row in model.tokenize(texts)])
+
+
+def bf16_deviation(
+    model, model_bf16, ort: dict, texts: list[str], batch: list[str], limit: int, golden_check
+) -> dict:
+    """How far sr's bfloat16 answers are from float32: the worker's golden check (against
+    the recorded float32 references), then sr fp32 and each ORT graph on `texts`/`batch`."""
+    golden = golden_check(model_bf16)
+    ids = [model.truncate(row, limit) for row in model.tokenize(texts)]
+    ours = torch.cat([model_bf16.embed(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
+    exact = torch.cat([model.embed(ids[i : i + BATCH]) for i in range(0, len(ids), BATCH)])
+    return {
+        "golden": {
+            "status": golden.status,
+            "against": golden.against,
+            "max_abs_diff": golden.max_abs_diff,
+            "min_cosine": golden.min_cosine,
+        },
+        "vs_sr_fp32": {
+            "texts": len(texts),
+            "max_abs_diff": float((ours - exact).abs().max()),
+            "min_cosine": float(F.cosine_similarity(ours, exact, dim=1).min()),
+        },
+        **{
+            f"vs_ort_{name}": {
+                **agreement(model, embedder, texts, limit, ours_model=model_bf16),
+                "batch32_medium": agreement(model, embedder, batch, limit, ours_model=model_bf16),
+            }
+            for name, embedder in ort.items()
+        },
+    }
+
+
 def _print_threads(entry: dict) -> None:
     print(f"\n== {entry['threads']} thread(s)")
+    if "bf16" in entry:
+        golden, exact = entry["bf16"]["golden"], entry["bf16"]["vs_sr_fp32"]
+        print(
+            f"sr bf16 vs float32: golden set ({golden['against']}) max abs diff "
+            f"{golden['max_abs_diff']:.2e}, min cosine {golden['min_cosine']:.6f}; "
+            f"sr fp32 on {exact['texts']} varied texts: max abs diff "
+            f"{exact['max_abs_diff']:.2e}, min cosine {exact['min_cosine']:.6f}"
+        )
     for graph, check in entry["agreement"].items():
         print(
             f"sr vs ORT {graph} on {check['texts']} varied texts: max abs diff "
@@ -498,7 +575,9 @@ def _print_threads(entry: dict) -> None:
     cases = entry["cases"]
     first = cases["single_short"]
     sides = [
-        s for s in ("sr", "sr_serve", *(k for k in first if k.startswith("ort_"))) if s in first
+        s
+        for s in ("sr", "sr_bf16", "sr_serve", *(k for k in first if k.startswith("ort_")))
+        if s in first
     ]
     ours = [s for s in sides if not s.startswith("ort_")]
     rows = []
@@ -519,6 +598,10 @@ def _print_threads(entry: dict) -> None:
         for goal in goals:
             verdict = "met" if goal["met"] else "not met"
             print(f"target {side} {goal['case']}: {goal['goal']}, {goal['measured']}x {verdict}")
+    if "target" in entry.get("bf16", {}):
+        goal = entry["bf16"]["target"]
+        verdict = "met" if goal["met"] else "not met"
+        print(f"target sr_bf16 {goal['case']}: {goal['goal']}, {goal['measured']:.6f} {verdict}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from sr.config.arguments import OneLineArgumentParser, bounded_int, report_usage
 from sr.config.cli import issue_line
 from sr.config.load import dump_config, load_config, validate, write_config_atomic
 from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
-from sr.config.schema import DTYPES, MAX_REPLICAS, SrConfig, default_config
+from sr.config.schema import DEPLOYMENT_DTYPES, MAX_REPLICAS, SrConfig, default_config
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, UsageError
 from sr.router.logs import LOG_FORMATS, resolve_log_format
@@ -59,7 +59,7 @@ def _parser() -> OneLineArgumentParser:
     p.add_argument("--host", help="listener host (default: from the config)")
     p.add_argument("--port", type=bounded_int(0, 65535), help="listener port")
     p.add_argument("--threads", type=bounded_int(1), help="CPU threads per managed worker")
-    p.add_argument("--dtype", choices=DTYPES, help="precision of the default deployment")
+    p.add_argument("--dtype", choices=DEPLOYMENT_DTYPES, help="precision of the default deployment")
     p.add_argument(
         "--dry-run", action="store_true", help="print the resulting config; write nothing"
     )

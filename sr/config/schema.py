@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from sr.config.precision import AUTO_DTYPE
+
 EMBEDDED_DEFAULT_ARTIFACT = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DEPLOYMENT = "primary"
 MAX_REPLICAS = 64
@@ -20,10 +22,19 @@ PROVIDERS = ("model_runtime",)
 # `throughput`: rows always share forwards (answers may differ in the last bits).
 PROFILES = ("exact", "throughput")
 OVERFLOW_MODES = ("reject", "truncate")
-# The precision workers compute in (`sr worker --dtype`). float32 is the default and is
-# left out of the canonical dump; float16 is served on GPUs only (docs/decisions.md).
+# The precision workers compute in (`sr worker --dtype`); float16 is served on GPUs only
+# (docs/decisions.md). A deployment may also say `auto` (the default, left out of the
+# canonical dump and of the worker argv): the profile decides on the worker's host
+# (sr.config.precision): float32 under exact, bfloat16 where native under throughput.
 DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_DTYPE = "float32"
+DEPLOYMENT_DTYPES = (AUTO_DTYPE, *DTYPES)
+DEFAULT_DTYPE = AUTO_DTYPE
+# The kernel of every linear product (sr.models.linear): `auto` lets the worker's load-time
+# probe pick oneDNN's packed weights where they keep `exact`'s guarantees, else BLAS; `blas`
+# keeps the weights as the file's shared pages (packed weights are private per replica);
+# `onednn` refuses to start where the probe rejects it.
+KERNELS = ("auto", "onednn", "blas")
+DEFAULT_KERNEL = "auto"
 # Devices whose workers refuse float16 (this torch CPU build has no fast float16 matmul).
 FLOAT16_REFUSED_ON = ("cpu",)
 
@@ -53,17 +64,47 @@ class OutlierDetection:
         return min(10 * self.base_ejection_ms, EJECTION_CAP_MS)
 
 
+# `discover: "dns://HOST:PORT"` entries (sr.pool.discovery): the schemes a discovered
+# address is reached with, and how often the name is resolved again by default.
+DISCOVER_SCHEMES = ("dns",)
+WORKER_SCHEMES = ("http", "https")
+DEFAULT_REFRESH_S = 30
+
+
 @attrs.define
 class Replica:
-    """One placement: managed (`device`) or attached (`endpoint` + `model`)."""
+    """One placement: managed (`device`), attached (`endpoint` + `model`), or a discovered
+    fleet of attached workers (`discover` + `model`: one replica per resolved address).
+
+    `api_key_env` names the environment variable holding the key sent to attached workers
+    (the key itself never enters a config: sr dumps and rewrites configs); `ca_bundle` is
+    the CA file https workers are verified with. `scheme` and `refresh_s` are for
+    `discover` only (defaults: http, DEFAULT_REFRESH_S)."""
 
     device: str | None = None
     endpoint: str | None = None
+    discover: str | None = None
     model: str | None = None
+    scheme: str | None = None
+    api_key_env: str | None = None
+    ca_bundle: str | None = None
+    refresh_s: int | None = None
 
     @property
     def attached(self) -> bool:
-        return self.endpoint is not None
+        return self.endpoint is not None or self.discover is not None
+
+    @property
+    def discovered(self) -> bool:
+        return self.discover is not None
+
+    @property
+    def effective_scheme(self) -> str:
+        return self.scheme or "http"
+
+    @property
+    def effective_refresh_s(self) -> int:
+        return self.refresh_s if self.refresh_s is not None else DEFAULT_REFRESH_S
 
 
 @attrs.define
@@ -79,6 +120,8 @@ class Deployment:
     max_num_batched_tokens: int | None = None
     # An engine arg like the caps above: omitted from the dump while it is the default.
     dtype: str = attrs.field(default=DEFAULT_DTYPE, metadata={"omit_if_default": True})
+    # The kernel of the linear products; omitted from the dump while it is the default.
+    kernel: str = attrs.field(default=DEFAULT_KERNEL, metadata={"omit_if_default": True})
     # Single-worker shorthand; mutually exclusive with `replicas`.
     device: str | None = None
     endpoint: str | None = None
@@ -98,6 +141,13 @@ class Deployment:
     def attached(self) -> bool:
         """True when any placement is an attached worker (flags cannot resize it)."""
         return any(r.attached for r in self.placements())
+
+    @property
+    def fixed_worker_count(self) -> int | None:
+        """How many workers serve this deployment; None when a `discover` entry makes
+        that vary with what its name resolves to."""
+        placements = self.placements()
+        return None if any(r.discovered for r in placements) else len(placements)
 
 
 @attrs.define

@@ -10,13 +10,16 @@ import re
 from urllib.parse import urlsplit
 
 from sr.config.schema import (
-    DTYPES,
+    DEPLOYMENT_DTYPES,
+    DISCOVER_SCHEMES,
     EJECTION_CAP_MS,
     FLOAT16_REFUSED_ON,
+    KERNELS,
     MAX_REPLICAS,
     OVERFLOW_MODES,
     PROFILES,
     PROVIDERS,
+    WORKER_SCHEMES,
     Deployment,
     OutlierDetection,
     Replica,
@@ -60,6 +63,39 @@ def endpoint_error(endpoint: str) -> str | None:
     return None
 
 
+# An environment variable's name (POSIX portable names).
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_REFRESH_S = 86_400
+
+
+def discover_error(discover: str) -> str | None:
+    """Why `discover` is not a dns://HOST:PORT name to resolve, or None when it is."""
+    try:
+        parts = urlsplit(discover)
+        port = parts.port
+    except ValueError as exc:
+        return f"invalid discover {discover!r}: {exc}"
+    if parts.scheme not in DISCOVER_SCHEMES:
+        return (
+            f"invalid discover {discover!r}: unknown scheme {parts.scheme or '(none)'!r};"
+            " expected dns://HOST:PORT"
+        )
+    if not parts.hostname:
+        return f"invalid discover {discover!r}: missing host; expected dns://HOST:PORT"
+    if port is None:
+        return (
+            f"invalid discover {discover!r}: missing port, the port the workers listen on"
+            f" (e.g. {discover.rstrip('/')}:8100)"
+        )
+    if port == 0:
+        return f"invalid discover {discover!r}: port must be 1..65535"
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return f"invalid discover {discover!r}: credentials, query and fragment are not allowed"
+    if parts.path not in ("", "/"):
+        return f"invalid discover {discover!r}: a path is not allowed; expected dns://HOST:PORT"
+    return None
+
+
 def _positive(value: int | None, path: str, issues: list[ConfigIssue]) -> None:
     if value is not None and value <= 0:
         issues.append(ConfigIssue(path, f"must be a positive integer, got {value}"))
@@ -76,25 +112,35 @@ def _argv_value_error(value: str) -> str | None:
 
 
 def _check_replica(replica: Replica, artifact: str, path: str, issues: list[ConfigIssue]) -> None:
-    if replica.device is not None and replica.endpoint is not None:
+    kinds = [k for k in ("device", "endpoint", "discover") if getattr(replica, k) is not None]
+    if kinds == ["device", "endpoint"]:
         issues.append(
             ConfigIssue(
                 path, "a replica has either device (managed) or endpoint (attached), not both"
             )
         )
-    elif replica.device is None and replica.endpoint is None:
+    elif len(kinds) > 1:
+        issues.append(
+            ConfigIssue(
+                path,
+                "a replica has one of device (managed), endpoint (attached) or discover"
+                f" (discovered attached workers), got {' and '.join(kinds)}",
+            )
+        )
+    elif not kinds:
         issues.append(
             ConfigIssue(path, "a replica needs device (managed) or endpoint + model (attached)")
         )
     if replica.device is not None and (err := device_error(replica.device)):
         issues.append(ConfigIssue(f"{path}.device", err))
-    if replica.endpoint is not None:
-        if err := endpoint_error(replica.endpoint):
-            issues.append(ConfigIssue(f"{path}.endpoint", err))
+    if replica.endpoint is not None and (err := endpoint_error(replica.endpoint)):
+        issues.append(ConfigIssue(f"{path}.endpoint", err))
+    if replica.discover is not None and (err := discover_error(replica.discover)):
+        issues.append(ConfigIssue(f"{path}.discover", err))
+    if replica.attached:
+        kind = "endpoint" if replica.endpoint is not None else "discover"
         if not replica.model:
-            issues.append(
-                ConfigIssue(f"{path}.model", "an attached replica (endpoint) needs model")
-            )
+            issues.append(ConfigIssue(f"{path}.model", f"an attached replica ({kind}) needs model"))
         elif replica.model != artifact:
             issues.append(
                 ConfigIssue(
@@ -107,6 +153,60 @@ def _check_replica(replica: Replica, artifact: str, path: str, issues: list[Conf
         issues.append(
             ConfigIssue(f"{path}.model", "model applies only to an attached replica (endpoint)")
         )
+    _check_worker_access(replica, path, issues)
+
+
+def _check_worker_access(replica: Replica, path: str, issues: list[ConfigIssue]) -> None:
+    """scheme, api_key_env, ca_bundle and refresh_s: how attached workers are reached."""
+    if replica.scheme is not None:
+        if replica.discover is None:
+            issues.append(ConfigIssue(f"{path}.scheme", "scheme applies only to discover"))
+        elif replica.scheme not in WORKER_SCHEMES:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.scheme",
+                    f"unknown scheme {replica.scheme!r}; one of {', '.join(WORKER_SCHEMES)}",
+                )
+            )
+    if replica.refresh_s is not None:
+        if replica.discover is None:
+            issues.append(ConfigIssue(f"{path}.refresh_s", "refresh_s applies only to discover"))
+        elif not 1 <= replica.refresh_s <= MAX_REFRESH_S:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.refresh_s",
+                    f"must be 1..{MAX_REFRESH_S} seconds, got {replica.refresh_s}",
+                )
+            )
+    if replica.api_key_env is not None:
+        if not replica.attached:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.api_key_env", "api_key_env applies only to endpoint or discover"
+                )
+            )
+        elif not ENV_NAME_RE.fullmatch(replica.api_key_env):
+            issues.append(
+                ConfigIssue(
+                    f"{path}.api_key_env",
+                    "expected the name of an environment variable (letters, digits, '_'),"
+                    f" got {replica.api_key_env!r}; the key itself never goes in a config",
+                )
+            )
+    if replica.ca_bundle is not None:
+        https = (replica.discover is not None and replica.scheme == "https") or (
+            replica.endpoint is not None and replica.endpoint.startswith("https://")
+        )
+        if not https:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.ca_bundle",
+                    "ca_bundle applies only to https workers (an https:// endpoint,"
+                    " or discover with scheme: https)",
+                )
+            )
+        elif not replica.ca_bundle.strip():
+            issues.append(ConfigIssue(f"{path}.ca_bundle", "must not be empty"))
 
 
 def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -> None:
@@ -149,8 +249,9 @@ def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -
 
 
 def _check_dtype(dep: Deployment, path: str, issues: list[ConfigIssue]) -> None:
-    if dep.dtype not in DTYPES:
-        issues.append(ConfigIssue(path, f"unknown dtype {dep.dtype!r}; one of {', '.join(DTYPES)}"))
+    if dep.dtype not in DEPLOYMENT_DTYPES:
+        known = ", ".join(DEPLOYMENT_DTYPES)
+        issues.append(ConfigIssue(path, f"unknown dtype {dep.dtype!r}; one of {known}"))
         return
     # Mirrors `sr worker`, which refuses float16 on cpu (sr/worker/options.py).
     refused = sorted(
@@ -202,6 +303,12 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
     for name in ("timeout_ms", "max_num_seqs", "max_num_batched_tokens"):
         _positive(getattr(dep, name), f"{path}.{name}", issues)
     _check_dtype(dep, f"{path}.dtype", issues)
+    if dep.kernel not in KERNELS:
+        issues.append(
+            ConfigIssue(
+                f"{path}.kernel", f"unknown kernel {dep.kernel!r}; one of {', '.join(KERNELS)}"
+            )
+        )
     budget = dep.max_num_batched_tokens
     if budget is not None and 0 < budget < dep.input.max_tokens:
         issues.append(
@@ -230,8 +337,19 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
                     f"at most {MAX_REPLICAS} replicas per deployment, got {len(dep.replicas)}",
                 )
             )
+        seen_discover: set[str] = set()
         for i, replica in enumerate(dep.replicas):
             _check_replica(replica, dep.artifact, f"{path}.replicas[{i}]", issues)
+            if replica.discover is not None:
+                if replica.discover in seen_discover:
+                    issues.append(
+                        ConfigIssue(
+                            f"{path}.replicas[{i}].discover",
+                            f"{replica.discover!r} is discovered twice in this deployment;"
+                            " one entry already adds every address it resolves to",
+                        )
+                    )
+                seen_discover.add(replica.discover)
     else:
         # The shorthand is one replica whose keys sit on the deployment itself.
         shorthand = Replica(device=dep.device, endpoint=dep.endpoint, model=dep.model)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sr.config.schema import DEFAULT_DTYPE, Deployment, Replica
+from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL, Deployment, Replica
 
 
 def placement_label(replica: Replica) -> str:
@@ -33,6 +33,8 @@ def engine_args(deployment: Deployment, threads: int | None) -> dict:
     # before dtype existed) stay what they were and a reload does not restart them.
     if deployment.dtype != DEFAULT_DTYPE:
         args["dtype"] = deployment.dtype
+    if deployment.kernel != DEFAULT_KERNEL:
+        args["kernel"] = deployment.kernel
     return args
 
 

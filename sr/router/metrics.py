@@ -104,10 +104,17 @@ class InventoryCollector(Collector):
 
 class InfoCollector(Collector):
     """`sr_build_info{version,python,torch}` and `sr_model_info{deployment,artifact,revision,
-    dtype}`, both 1 (the info-metric idiom: join on them, never sum them)."""
+    dtype}`, both 1 (the info-metric idiom: join on them, never sum them). `dtype` is what
+    a ready replica's card says it serves (a deployment's `auto` is resolved per host), else
+    the configured one."""
 
-    def __init__(self, deployments: Callable[[], Mapping[str, Deployment]] | None):
+    def __init__(
+        self,
+        deployments: Callable[[], Mapping[str, Deployment]] | None,
+        served_dtype: Callable[[str], str | None] | None = None,
+    ):
         self._deployments = deployments
+        self._served_dtype = served_dtype
         self._build = [sr.__version__, platform.python_version(), _installed_version("torch")]
 
     def collect(self) -> Iterator[Metric]:
@@ -124,7 +131,9 @@ class InfoCollector(Collector):
             labels=["deployment", "artifact", "revision", "dtype"],
         )
         for name, deployment in self._deployments().items():
-            labels = [name, deployment.artifact, deployment.revision or "", deployment.dtype]
+            served = self._served_dtype(name) if self._served_dtype is not None else None
+            dtype = served or deployment.dtype
+            labels = [name, deployment.artifact, deployment.revision or "", dtype]
             model.add_metric(labels, 1.0)
         yield model
 
@@ -135,9 +144,11 @@ class RouterMetrics:
         inventory: Callable[[], dict[str, Any]],
         *,
         deployments: Callable[[], Mapping[str, Deployment]] | None = None,
+        served_dtype: Callable[[str], str | None] | None = None,
     ):
         """`inventory`: the pool's inventory; `deployments`: the config's deployments now
-        (for `sr_model_info`; without it that family is left out)."""
+        (for `sr_model_info`; without it that family is left out); `served_dtype`: the dtype
+        a deployment's ready replicas serve, or None (sr_model_info's `dtype` label)."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "sr_requests",
@@ -187,7 +198,7 @@ class RouterMetrics:
         self.registry.register(InventoryCollector(inventory))
         self._replicas = ReplicaMetricsCollector()
         self.registry.register(self._replicas)
-        self.registry.register(InfoCollector(deployments))
+        self.registry.register(InfoCollector(deployments, served_dtype))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         # Label lookups cost a lock and a tuple; the hot path keeps its children here.

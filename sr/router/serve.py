@@ -114,7 +114,11 @@ async def serve(
             config, events=events, in_process=in_process, threads=threads
         ) as core:
             # The deployments are read at each scrape: a reload shows in sr_model_info.
-            metrics = RouterMetrics(core.inventory, deployments=lambda: core.config.deployments)
+            metrics = RouterMetrics(
+                core.inventory,
+                deployments=lambda: core.config.deployments,
+                served_dtype=core.served_dtype,
+            )
             events.subscribe(metrics.on_event)
             app = RouterApp(
                 core, config, metrics=metrics, cache=cache,

@@ -8,12 +8,15 @@ and `--replica`: a worker names itself, so its lines say whose they are wherever
 up (a managed worker's are relayed by its router, an attached one's are its operator's).
 SIGTERM or SIGINT stops gracefully: no new connections, in-flight requests finish
 (bounded). `--parent-fd N` ties the worker's life to a supervisor's (sr.worker.parent_watch).
+A `--host` other than loopback needs an API key (`--api-key` or SR_WORKER_API_KEY), which
+every route but /health and /health/live then requires (sr.worker.auth).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -21,10 +24,13 @@ import sys
 import attrs
 import trio
 
+from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
 from sr.thread_budget import adaptive_mode
+from sr.worker import auth
+from sr.worker.allocator import configure_malloc
 from sr.worker.options import WorkerOptions
 from sr.worker.parent_watch import watch_parent_fd
 
@@ -45,7 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overflow", default="reject")
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--dtype", default="float32")
+    # auto: the profile decides on this host (sr.config.precision); the default is the
+    # deployment's default, which the pool leaves out of the argv
+    p.add_argument("--dtype", default=DEFAULT_DTYPE)
+    p.add_argument("--kernel", default=DEFAULT_KERNEL)
     p.add_argument("--uds")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -53,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=LOG_FORMATS)
     p.add_argument("--deployment", help="deployment this worker serves (stamped on its logs)")
     p.add_argument("--replica", help="replica id this worker is (stamped on its logs)")
+    p.add_argument(
+        "--api-key",
+        help=f"key callers must send as Authorization: Bearer (or {auth.ENV_VAR}, preferred:"
+        " a flag shows in ps); required with a --host other than loopback",
+    )
     return p
 
 
@@ -65,6 +79,7 @@ class WorkerCommand:
     parent_fd: int | None  # None when not given
     log_format: str
     log_context: dict  # deployment, replica and pid: stamped on every log line
+    api_key: str | None = attrs.field(default=None, repr=False)  # sr.worker.auth; never shown
 
 
 def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
@@ -91,12 +106,16 @@ def parse_command(argv: list[str]) -> WorkerCommand:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
+        kernel=args.kernel,
         fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
     )
     options.validate()
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )
+    api_key = auth.worker_key(args.api_key, os.environ, tcp="port" in listen)
+    if "host" in listen and (problem := auth.required_key_problem(listen["host"], api_key)):
+        raise UsageError(problem)
     context = {"deployment": args.deployment, "replica": args.replica, "pid": os.getpid()}
     return WorkerCommand(
         options=options,
@@ -104,6 +123,7 @@ def parse_command(argv: list[str]) -> WorkerCommand:
         parent_fd=_parent_fd(args.parent_fd),
         log_format=resolve_log_format(args.log_format, os.environ, sys.stderr),
         log_context={key: value for key, value in context.items() if value is not None},
+        api_key=api_key,
     )
 
 
@@ -132,9 +152,12 @@ def main(argv: list[str]) -> int:
         # must not leave us loading a model for nobody.
         watch_parent_fd(command.parent_fd)
     configure_logging(log_format=command.log_format, context=command.log_context, worker=True)
+    malloc = configure_malloc()  # before the model's first batch (sr.worker.allocator)
+    if malloc != "tuned":
+        logging.getLogger("sr.worker").info("malloc: %s", malloc)
     listening: list[str] = []  # filled once the socket is bound
     try:
-        trio.run(_run, options, listen, adaptive, listening)
+        trio.run(_run, options, listen, adaptive, listening, command.api_key)
     except (UsageError, OSError, BaseExceptionGroup) as error:
         # Trio nurseries wrap what escapes them in (nested) ExceptionGroups; a startup
         # failure is one leaf in there and deserves one line, not a traceback.
@@ -170,7 +193,13 @@ def _bind_name(listen: dict) -> str:
     return f"[{host}]:{listen['port']}" if ":" in host else f"{host}:{listen['port']}"
 
 
-async def _run(options: WorkerOptions, listen: dict, adaptive: int, listening: list[str]) -> None:
+async def _run(
+    options: WorkerOptions,
+    listen: dict,
+    adaptive: int,
+    listening: list[str],
+    api_key: str | None = None,
+) -> None:
     from sr.worker.http import serve_worker
     from sr.worker.service import WorkerService
 
@@ -186,7 +215,11 @@ async def _run(options: WorkerOptions, listen: dict, adaptive: int, listening: l
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
                 lambda task_status: serve_worker(
-                    service, shutdown_trigger=until_signal, task_status=task_status, **listen
+                    service,
+                    shutdown_trigger=until_signal,
+                    task_status=task_status,
+                    api_key=api_key,
+                    **listen,
                 )
             )
             listening.extend(binds)

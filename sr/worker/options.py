@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import attrs
 
-from sr.config.schema import DEFAULT_DTYPE, DTYPES, FLOAT16_REFUSED_ON, PROFILES
+from sr.config.precision import AUTO_DTYPE
+from sr.config.schema import (
+    DEFAULT_DTYPE,
+    DEFAULT_KERNEL,
+    DTYPES,
+    FLOAT16_REFUSED_ON,
+    KERNELS,
+    PROFILES,
+)
 from sr.errors import UsageError
 
 OVERFLOW_MODES = ("reject", "truncate")
+# `--dtype`: a precision, or `auto` for the profile's choice on this host
+# (sr.config.precision: float32 under exact; bfloat16 where native under throughput).
+# The default is the deployment's (DEFAULT_DTYPE): the pool leaves it out of the argv.
+WORKER_DTYPES = (AUTO_DTYPE, *DTYPES)
 
 
 @attrs.define
@@ -21,7 +33,8 @@ class WorkerOptions:
     overflow: str = "reject"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    dtype: str = DEFAULT_DTYPE
+    dtype: str = DEFAULT_DTYPE  # as asked; the service resolves what is served
+    kernel: str = DEFAULT_KERNEL  # auto: the host's probe picks (sr.models.linear)
     fault_injection: bool = False
 
     def validate(self) -> None:
@@ -47,8 +60,12 @@ class WorkerOptions:
             )
         if not _is_device(self.device):
             raise UsageError(f"--device: expected cpu, cuda:N or rocm:N, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"--dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kernel not in KERNELS:
+            raise UsageError(f"--kernel: must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.dtype not in WORKER_DTYPES:
+            raise UsageError(
+                f"--dtype: must be one of {', '.join(WORKER_DTYPES)}, got {self.dtype!r}"
+            )
         if self.dtype == "float16" and self.device in FLOAT16_REFUSED_ON:
             # Measured: float16 matmul on this torch CPU build is ~5x slower than float32
             # (no native kernel), bfloat16 ~2x faster (docs/decisions.md).

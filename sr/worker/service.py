@@ -15,9 +15,12 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import torch
 import trio
 
+from sr.config.precision import Precision, cpu_flags, resolve_precision
+from sr.config.schema import DEFAULT_KERNEL
 from sr.errors import (
     ArtifactNotFound,
     ForwardFailed,
@@ -53,7 +56,8 @@ def load_from_artifact(options: WorkerOptions):
     from sr.models import load_model, resolve_artifact
 
     path = resolve_artifact(options.artifact, options.revision)
-    return load_model(path, device=options.device, dtype=options.dtype)
+    kernel = None if options.kernel == DEFAULT_KERNEL else options.kernel
+    return load_model(path, device=options.device, dtype=options.dtype, kernel=kernel)
 
 
 def default_golden_check(model):
@@ -76,9 +80,19 @@ class WorkerService:
         golden_check_fn: Callable[[Any], Any] = default_golden_check,
         exit_process: Callable[[int], Any] = os._exit,
         adaptive_mode: int = 0,
+        host_cpu_flags: frozenset[str] | None = None,
     ) -> None:
         options.validate()
         self.options = options
+        # The dtype served: `--dtype`, or the profile's choice on this host when `auto`
+        # (sr.config.precision); the model is loaded in it and the card says why.
+        self.precision: Precision = resolve_precision(
+            options.profile,
+            options.dtype,
+            options.device,
+            cpu_flags=cpu_flags() if host_cpu_flags is None else host_cpu_flags,
+            gpu_bf16=_gpu_bf16(options.device),
+        )
         self.events = events or EventSink()
         self.metrics = WorkerMetrics()
         # Adaptive thread learning (VLLM_SRUN_CPU_ADAPTIVE_THREADS) applies to CPU workers.
@@ -95,7 +109,13 @@ class WorkerService:
         self.model = None
         self.engine: Engine | None = None
         self.tasks: Tasks | None = None
-        self.golden: dict[str, Any] = {"status": "pending", "reason": None, "max_abs_diff": None}
+        self.golden: dict[str, Any] = {
+            "status": "pending",
+            "reason": None,
+            "max_abs_diff": None,
+            "min_cosine": None,
+            "against": None,
+        }
         self.probe: ProbeResult | None = None
         self._load_model_fn = load_model_fn
         self._golden_check_fn = golden_check_fn
@@ -152,7 +172,8 @@ class WorkerService:
         self._set_state("loading")
         try:
             _check_device(options.device)
-            model = await device.run(lambda: self._load_model_fn(options))
+            served = attrs.evolve(options, dtype=self.precision.dtype)
+            model = await device.run(lambda: self._load_model_fn(served))
         except ArtifactNotFound as error:
             self._set_state("failed", f"artifact not found: {error}")
             return False
@@ -172,6 +193,9 @@ class WorkerService:
                 "status": golden.status,
                 "reason": golden.reason,
                 "max_abs_diff": golden.max_abs_diff,
+                # the deviation from float32 measured on the golden set (sr.models.golden)
+                "min_cosine": getattr(golden, "min_cosine", None),
+                "against": getattr(golden, "against", None),
             }
             if golden.status != "passed":
                 self._set_state("failed", f"golden check failed: {golden.reason}")
@@ -192,7 +216,8 @@ class WorkerService:
         # and batched at it (if not, `exact` serves one request per forward).
         self.events.emit(
             "worker_batching",
-            dtype=options.dtype,
+            dtype=self.precision.dtype,
+            dtype_reason=self.precision.reason,
             profile=options.profile,
             exact_batching=self.probe.passed,
             cross_request=cross_request,
@@ -321,7 +346,10 @@ class WorkerService:
             "device": options.device,
             "threads": options.threads,
             "profile": options.profile,
-            "dtype": options.dtype,
+            "dtype": self.precision.dtype,
+            "precision": self.precision.card(),  # the dtype served, as asked, and why
+            # the kernel of the linear products (oneDNN packed or BLAS) and why
+            "kernel": getattr(model, "kernel_card", None),
             "state": self.state,
             "reason": self.reason,
             "limits": engine.limits.card() if engine else None,
@@ -344,6 +372,20 @@ class WorkerService:
 
 class DeviceUnavailable(Exception):
     """The requested accelerator is not present on this host."""
+
+
+def _gpu_bf16(device: str) -> bool:
+    """Whether the GPU `device` computes bfloat16 natively (False on cpu or when absent)."""
+    if device == "cpu" or not torch.cuda.is_available():
+        return False
+    index = int(device.partition(":")[2])
+    if index >= torch.cuda.device_count():
+        return False  # the start fails with "device not available" anyway
+    with torch.cuda.device(index):
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch before 2.4 has no `including_emulation`
+            return torch.cuda.is_bf16_supported()
 
 
 def _check_device(device: str) -> None:

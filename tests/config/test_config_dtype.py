@@ -35,14 +35,18 @@ def issues_of(text: str) -> list[str]:
     return [str(i) for i in info.value.issues]
 
 
-def test_float32_is_the_default_and_is_left_out_of_the_dump():
+def test_auto_is_the_default_and_is_left_out_of_the_dump():
     cfg = default_config()
-    assert cfg.deployments["primary"].dtype == "float32"
+    assert cfg.deployments["primary"].dtype == "auto"
     assert "dtype" not in dump_config(cfg)
     # said explicitly, it loads the same and dumps as the default
-    explicit = parse_config(_text("        dtype: float32\n"))
+    explicit = parse_config(_text("        dtype: auto\n"))
     assert explicit == parse_config(_text(""))
     assert "dtype" not in dump_config(explicit)
+    # float32 said explicitly is kept: under throughput it differs from auto
+    pinned = parse_config(_text("        dtype: float32\n"))
+    assert pinned.deployments["primary"].dtype == "float32"
+    assert "    dtype: float32\n" in dump_config(pinned)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -59,7 +63,7 @@ def test_reduced_precision_round_trips(dtype):
 
 def test_unknown_dtype_is_an_error_naming_the_field():
     assert issues_of(_text("        dtype: fp8\n")) == [
-        f"{PATH}.dtype: unknown dtype 'fp8'; one of float32, bfloat16, float16"
+        f"{PATH}.dtype: unknown dtype 'fp8'; one of auto, float32, bfloat16, float16"
     ]
 
 
@@ -89,8 +93,11 @@ def test_float16_is_refused_on_cpu_and_accepted_on_gpus_and_attached_workers():
 def test_managed_workers_get_dtype_only_when_it_is_not_the_default():
     dep = Deployment(artifact="a/b")
     argv = worker_argv(dep, "cpu", 1, "/tmp/w.sock")
-    assert "--dtype" not in argv  # float32: the argv of before
-    assert parse_args(argv[argv.index("worker") + 1 :])[0].dtype == "float32"
+    assert "--dtype" not in argv  # auto: the worker's default, the argv of before
+    assert parse_args(argv[argv.index("worker") + 1 :])[0].dtype == "auto"
+    dep.dtype = "float32"  # explicit: passed, so a throughput worker serves float32
+    argv = worker_argv(dep, "cpu", 1, "/tmp/w.sock")
+    assert argv[argv.index("--dtype") + 1] == "float32"
     dep.dtype = "bfloat16"
     argv = worker_argv(dep, "cpu", 1, "/tmp/w.sock")
     assert argv[argv.index("--dtype") + 1] == "bfloat16"

@@ -174,3 +174,11 @@ def test_all_terminal_ignores_failed_attached_replicas(make_policy, tmp_path):
     assert not pool.all_terminal()  # the attached one may come back
     pool.runners = {"r0": runners["r0"]}
     assert pool.all_terminal()
+
+
+def test_an_auto_deployment_accepts_the_dtype_the_workers_host_chose():
+    card = {"artifact": "a", "dtype": "bfloat16", "precision": {"requested": "auto"}}
+    assert incompatibility(Deployment(artifact="a"), card) is None  # dtype: auto
+    assert incompatibility(Deployment(artifact="a", dtype="bfloat16"), card) is None
+    why = incompatibility(Deployment(artifact="a", dtype="float32"), card)
+    assert why == "dtype: deployment serves float32, worker serves bfloat16"

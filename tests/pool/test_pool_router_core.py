@@ -246,13 +246,14 @@ def test_identity_shorthand_equals_one_explicit_replica():
     assert replica_identities("p", changed, 2)[0][0] != two[0]
 
 
-def test_a_dtype_change_is_a_new_identity_and_float32_keeps_the_old_one():
-    # A reload that changes only the dtype restarts the workers; float32 (the default)
+def test_a_dtype_change_is_a_new_identity_and_auto_keeps_the_old_one():
+    # A reload that changes only the dtype restarts the workers; auto (the default)
     # leaves the identities every replica had before dtype existed.
     base = replica_identities("p", Deployment(artifact="a", device="cpu"), 2)
-    same = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="float32"), 2)
+    same = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="auto"), 2)
+    f32 = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="float32"), 2)
     bf16 = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="bfloat16"), 2)
-    assert same == base and bf16[0][0] != base[0][0]
+    assert same == base and bf16[0][0] != base[0][0] and f32[0][0] != base[0][0]
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,10 @@ class FakeRouterCore:
         self.request_ids.append(request_id)
         return await self.handler(deployment, path, body, timeout_s)
 
+    def served_dtype(self, deployment: str) -> str | None:
+        """No replica cards here: `sr_model_info` labels the configured dtype."""
+        return None
+
     def inventory(self) -> dict[str, Any]:
         deployments = {}
         for name, deployment in self.config.deployments.items():

@@ -32,8 +32,13 @@ EMBED = {"model": "primary", "input": "a"}
 ROUTE = (("deployment", "primary"), ("route", "/v1/embeddings"))
 
 
-def build(core: FakeRouterCore) -> RouterApp:
-    metrics = RouterMetrics(core.inventory, deployments=lambda: core.config.deployments)
+def build(core: FakeRouterCore, served: dict[str, str] | None = None) -> RouterApp:
+    """`served`: the dtype each deployment's (fake) ready replicas report on their cards."""
+    metrics = RouterMetrics(
+        core.inventory,
+        deployments=lambda: core.config.deployments,
+        served_dtype=None if served is None else served.get,
+    )
     return RouterApp(core, core.config, metrics=metrics, cache=ResultCache(0))
 
 
@@ -139,7 +144,8 @@ async def test_build_and_model_info_follow_the_config():
         artifact="org/model", revision="abc123", dtype="bfloat16", replicas=[Replica()]
     )
     core = FakeRouterCore(config)
-    app = build(core)
+    served: dict[str, str] = {}
+    app = build(core, served)
     found = samples(await scrape(app))
     build_info = {
         ("python", platform.python_version()),
@@ -151,7 +157,12 @@ async def test_build_and_model_info_follow_the_config():
     assert named(found, "sr_model_info") == {(*info, ("revision", "abc123")): 1.0}
     await core.reload(make_config({"other": 1}))
     found = samples(await scrape(app))
-    other = (("artifact", "/models/other"), ("deployment", "other"), ("dtype", "float32"))
+    # The config's `auto` until a ready replica's card says what its host serves.
+    other = (("artifact", "/models/other"), ("deployment", "other"), ("dtype", "auto"))
+    assert named(found, "sr_model_info") == {(*other, ("revision", "")): 1.0}
+    served["other"] = "bfloat16"
+    found = samples(await scrape(app))
+    other = (("artifact", "/models/other"), ("deployment", "other"), ("dtype", "bfloat16"))
     assert named(found, "sr_model_info") == {(*other, ("revision", "")): 1.0}
 
 

@@ -51,6 +51,8 @@ async def test_failed_golden_check_keeps_the_worker_unready(fake_model):
             "status": "failed",
             "reason": "answer drifted",
             "max_abs_diff": 0.5,
+            "min_cosine": None,  # the fake result measured none
+            "against": None,
         }
         assert (await post(svc, "/v1/embeddings", {"input": "x"}))[0] == 503
 

@@ -18,9 +18,10 @@ from sr.worker.options import WorkerOptions
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 
 
-def test_dtype_defaults_to_float32_and_takes_the_reduced_precisions():
+def test_dtype_defaults_to_auto_and_takes_the_reduced_precisions():
+    # auto: the profile decides on the host, float32 under exact (sr.config.precision)
     options, _ = cli.parse_args(["--artifact", "a", "--port", "0"])
-    assert options.dtype == "float32"
+    assert options.dtype == "auto"
     options, _ = cli.parse_args(["--artifact", "a", "--port", "0", "--dtype", "bfloat16"])
     assert options.dtype == "bfloat16"
     WorkerOptions(artifact="a", device="cuda:0", dtype="float16").validate()
@@ -29,8 +30,8 @@ def test_dtype_defaults_to_float32_and_takes_the_reduced_precisions():
 @pytest.mark.parametrize(
     ("device", "dtype", "message"),
     [
-        ("cpu", "fp8", "--dtype: must be one of float32, bfloat16, float16, got 'fp8'"),
-        ("cpu", "Float32", "--dtype: must be one of float32, bfloat16, float16, got 'Float32'"),
+        ("cpu", "fp8", "--dtype: must be one of auto, float32, bfloat16, float16, got 'fp8'"),
+        ("cpu", "Float32", "--dtype: must be one of auto, float32, bfloat16, float16, got"),
         ("cpu", "float16", "--dtype: float16 is not served on cpu"),
     ],
 )
