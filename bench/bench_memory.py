@@ -1,12 +1,15 @@
 """Memory of replicas on one host: do workers of one model share their weights' pages?
 
     python -m bench.bench_memory [--requests 3] [--repeats 2] [--baseline REV] [--families]
-                                 [--artifact FOLDER]
+                                 [--artifact FOLDER] [--starts fork,spawn]
+    python -m bench.bench_memory --allocator [--rounds 4]
 
 Starts `sr serve` with the embedded MiniLM (`sentence-transformers/all-MiniLM-L6-v2`,
 resolved offline; or `--artifact`, e.g. a folder from bench.family_models) as 1 and then
 2 managed CPU replicas (1 thread each), sends a few requests so that every worker has run
-short, long and batched forwards, and reads each worker's memory. Target: the 2 replicas
+short, long and batched forwards, and reads each worker's memory once it is idle (3 s after
+the last answer: the worker's malloc trimmer has given kept batch memory back,
+sr.worker.allocator; "busy PSS" is read 0.5 s after it). Target: the 2 replicas
 take at most 1.25x the memory of 1.
 
 Two measures of "the memory of the replicas":
@@ -24,6 +27,19 @@ write copied), the footprint's pages by kind (the weights file, other files such
 libraries, anonymous memory), and, from loading the same model in a child process, the
 model's tensor bytes whose storage lies in the file mapping against those in anonymous
 memory (private to each process), with the largest private tensors named.
+
+Workers started through the fork server (sr.pool.forked; `--starts` measures this
+checkout with each `SR_WORKER_START` given, in turns) are children of that server, not of
+the router: the server is counted with them (its pages are what they share; its own
+private pages are the price of sharing), and its PSS is shown apart.
+
+`--allocator` compares the worker's malloc settings (sr.worker.allocator) with glibc's
+defaults: a fresh process per side and round, sides alternating (default first in odd
+rounds), each loading the model and running forwards of 32 medium texts in one long-lived
+thread, as the worker's device thread does. Per forward: wall and CPU ms (medians), kernel
+ms and minor page faults (means); anonymous MiB after the forwards and after an idle
+trim (the worker's trimmer: `malloc_trim(0)`; default: nothing). Ratios are paired by
+round. Writes bench/results/allocator.json.
 
 `--families` also sorts the tensors of each family's random checkpoint (bench.family_models,
 built with transformers) the same way: no servers, just where each family's weights lie.
@@ -48,6 +64,8 @@ from pathlib import Path
 from bench.harness import ROOT, ServeProcess, embedded_artifact, print_table, write_result
 
 TARGET_RATIO = 1.25
+IDLE_WAIT_S = 3.0  # > 2 checks of the worker's idle trimmer (sr.worker.allocator.IDLE_S)
+START_ENV = "SR_WORKER_START"  # sr.pool.forked.START_ENV; a baseline tree may not have it
 ROLLUP_FIELDS = ("Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty")
 WEIGHTS_FILE = "model.safetensors"
 MIB = 1024 * 1024
@@ -189,26 +207,57 @@ def touch(url: str, replicas: int, requests: int) -> None:
                         raise SystemExit(f"/v1/embeddings answered {answer.status_code}")
 
 
-def measure(tree: Path, artifact: str, replicas: int, requests: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
-        serve = ServeProcess(artifact, Path(tmp), replicas=replicas, pythonpath=str(tree))
-        try:
-            pids = wait_all_ready(serve, replicas)
-            touch(serve.url, replicas, requests)
-            time.sleep(0.5)  # let the answers' buffers go back before reading
-            workers = [
-                {"pid": pid, "rollup_kb": smaps_rollup(pid), "weights_file_kb": mapped_file(pid)}
-                for pid in pids
-            ]
-            together = footprint(pids)
-            router = smaps_rollup(serve.proc.pid)
-        finally:
-            serve.stop()
+def parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def measure(tree: Path, artifact: str, replicas: int, requests: int, start: str | None) -> dict:
+    """One `sr serve` with `replicas` workers; `start`: its SR_WORKER_START (None: unset)."""
+    saved = os.environ.pop(START_ENV, None)
+    if start is not None:
+        os.environ[START_ENV] = start  # ServeProcess passes our environment on
+    try:
+        with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
+            serve = ServeProcess(artifact, Path(tmp), replicas=replicas, pythonpath=str(tree))
+            try:
+                pids = wait_all_ready(serve, replicas)
+                touch(serve.url, replicas, requests)
+                time.sleep(0.5)  # let the answers' buffers go back before reading
+                busy = {pid: smaps_rollup(pid) for pid in pids}
+                # a worker gives kept batch memory back once idle (sr.worker.allocator)
+                time.sleep(IDLE_WAIT_S)
+                workers = [
+                    {
+                        "pid": pid,
+                        "rollup_kb": smaps_rollup(pid),
+                        "busy_rollup_kb": busy[pid],
+                        "weights_file_kb": mapped_file(pid),
+                    }
+                    for pid in pids
+                ]
+                # a fork server: the workers' parent when it is not the router
+                helpers = sorted({parent_pid(pid) for pid in pids} - {serve.proc.pid})
+                together = footprint(pids + helpers)
+                helpers_pss = sum(smaps_rollup(pid)["Pss"] for pid in helpers)
+                router = smaps_rollup(serve.proc.pid)
+            finally:
+                serve.stop()
+    finally:
+        os.environ.pop(START_ENV, None)
+        if saved is not None:
+            os.environ[START_ENV] = saved
+    workers_pss = sum(w["rollup_kb"]["Pss"] for w in workers) + helpers_pss
     return {
         "replicas": replicas,
         "workers": workers,
+        "fork_servers": len(helpers),
         "footprint": together,
-        "workers_pss_mib": round(sum(w["rollup_kb"]["Pss"] for w in workers) / 1024, 1),
+        "workers_pss_mib": round(workers_pss / 1024, 1),
+        "workers_busy_pss_mib": round(
+            (sum(w["busy_rollup_kb"]["Pss"] for w in workers) + helpers_pss) / 1024, 1
+        ),
+        "fork_server_pss_mib": round(helpers_pss / 1024, 1),
         "router_pss_mib": round(router["Pss"] / 1024, 1),
     }
 
@@ -267,7 +316,10 @@ def weight_residency(artifact: str) -> dict:
     permissions = set()
     for path, tensor in _tensors(model).items():
         size = tensor.numel() * tensor.element_size()
-        kind, perms = backing(tensor.data_ptr())
+        try:
+            kind, perms = backing(tensor.data_ptr())
+        except RuntimeError:  # no storage of its own (e.g. an opaque oneDNN-packed weight)
+            kind, perms = "anonymous", ""
         if kind == "file":
             file_bytes += size
             permissions.add(perms)
@@ -312,14 +364,21 @@ def export_tree(rev: str, into: Path) -> Path:
 
 
 def run_tree(
-    label: str, tree: Path, artifact: str, requests: int, repeats: int, families: dict[str, Path]
+    label: str,
+    tree: Path,
+    artifact: str,
+    requests: int,
+    repeats: int,
+    families: dict[str, Path],
+    start: str | None = None,
 ) -> dict:
     """1 and 2 replicas `repeats` times each, in turns (1, 2, 2, 1, ...): per-process heap
     use moves by 10-20 MiB from one start to the next, so the summary is their mean."""
     runs = []
     for repeat in range(repeats):
         for replicas in (1, 2) if repeat % 2 == 0 else (2, 1):
-            runs.append(measure(tree, artifact, replicas, requests) | {"repeat": repeat})
+            run = measure(tree, artifact, replicas, requests, start)
+            runs.append(run | {"repeat": repeat})
     summary = {str(n): _mean_of([r for r in runs if r["replicas"] == n]) for n in (1, 2)}
     return {
         "label": label,
@@ -346,6 +405,8 @@ def _mean_of(runs: list[dict]) -> dict:
     return {
         "total_mib": mean(r["footprint"]["total_mib"] for r in runs),
         "workers_pss_mib": mean(r["workers_pss_mib"] for r in runs),
+        "fork_server_pss_mib": mean(r.get("fork_server_pss_mib", 0.0) for r in runs),
+        "workers_busy_pss_mib": mean(r.get("workers_busy_pss_mib", 0.0) for r in runs),
         "by_kind_mib": {
             kind: {
                 field: mean(r["footprint"][key].get(kind, 0.0) for r in runs)
@@ -386,13 +447,17 @@ def report(results: list[dict]) -> None:
     ]
     print("\nThe workers' footprint, distinct pages by kind (MiB, mean of the repeats):")
     print_table(("code", "replicas", "kind", "total", "shared", "private per worker"), table)
-    print("\nSummary (MiB, means; target: 2 replicas at most 1.25x one):")
+    print("\nSummary (MiB, means; fork server counted with its workers; target: 2 replicas")
+    print("at most 1.25x one):")
     print_table(
         ("code", "footprint 1", "footprint 2", "ratio", "kernel PSS 1", "kernel PSS 2",
-         "ratio", "tensors in file MiB", "private tensors MiB"),
+         "ratio", "busy PSS 1", "busy PSS 2", "fork server PSS 2", "tensors in file MiB",
+         "private tensors MiB"),
         [(r["label"], r["mean"]["1"]["total_mib"], r["mean"]["2"]["total_mib"],
           r["footprint_ratio_2_to_1"], r["mean"]["1"]["workers_pss_mib"],
           r["mean"]["2"]["workers_pss_mib"], r["kernel_pss_ratio_2_to_1"],
+          r["mean"]["1"]["workers_busy_pss_mib"], r["mean"]["2"]["workers_busy_pss_mib"],
+          r["mean"]["2"]["fork_server_pss_mib"],
           r["tensors"]["file_backed_mib"], r["tensors"]["private_mib"]) for r in results],
     )  # fmt: skip
     for r in results:
@@ -406,6 +471,101 @@ def report(results: list[dict]) -> None:
               ", ".join(f"{p['tensor']} {p['mib']}" for p in t["largest_private"][:2]))
              for r in results for name, t in r["families"].items()],
         )  # fmt: skip
+
+
+ALLOCATOR_SIDES = ("default", "tuned")
+
+
+def allocator_side(side: str, artifact: str, forwards: int = 4) -> dict:
+    """One side of `--allocator`, in this (fresh) process."""
+    import ctypes
+    import resource
+    import statistics
+    import threading
+
+    import torch
+
+    from bench.bench_profile import case_texts
+    from sr.models import load_model, resolve_artifact
+    from sr.worker import allocator
+
+    libc = allocator.glibc()
+    if side == "tuned":
+        assert allocator.tune_malloc(libc) == "tuned"
+    torch.set_num_threads(1)
+    model = load_model(resolve_artifact(artifact))
+    batch = model.tokenize(case_texts(model.tokenizer, "medium", 32))
+    out: dict = {"side": side, "anon_loaded_mib": _anon_mib()}
+
+    def device_thread() -> None:
+        reference = model.embed(batch)  # the first forward faults in either case
+        walls, cpus = [], []
+        start = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(forwards):
+            wall, cpu = time.perf_counter(), time.process_time()
+            answer = model.embed(batch)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            assert torch.equal(answer, reference)  # bit-neutral
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        out["wall_ms"] = round(statistics.median(walls) * 1e3, 1)
+        out["cpu_ms"] = round(statistics.median(cpus) * 1e3, 1)
+        out["kernel_ms"] = round((end.ru_stime - start.ru_stime) / forwards * 1e3, 1)
+        out["faults"] = round((end.ru_minflt - start.ru_minflt) / forwards)
+
+    thread = threading.Thread(target=device_thread)
+    thread.start()
+    thread.join()
+    out["anon_after_mib"] = _anon_mib()
+    if side == "tuned":
+        libc.malloc_trim(ctypes.c_size_t(0))
+    out["anon_idle_mib"] = _anon_mib()
+    return out
+
+
+def _anon_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def compare_allocators(artifact: str, rounds: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    runs = []
+    for round_ in range(rounds):
+        sides = ALLOCATOR_SIDES if round_ % 2 == 0 else ALLOCATOR_SIDES[::-1]
+        for side in sides:
+            argv = [sys.executable, "-m", "bench.bench_memory", "--allocator-side", side]
+            argv += ["--artifact", artifact]
+            done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"allocator side {side} failed: {done.stderr[-2000:]}")
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]) | {"round": round_})
+    paired = {
+        key: [
+            round(d[key] / t[key], 3)
+            for d, t in (
+                (
+                    next(r for r in runs if r["round"] == i and r["side"] == "default"),
+                    next(r for r in runs if r["round"] == i and r["side"] == "tuned"),
+                )
+                for i in range(rounds)
+            )
+        ]
+        for key in ("wall_ms", "cpu_ms")
+    }
+    print("Allocator, 32 medium texts per forward, 1 thread (one row per process):")
+    fields = ("wall_ms", "cpu_ms", "kernel_ms", "faults", "anon_loaded_mib", "anon_after_mib")
+    print_table(
+        ("round", "side", *fields, "anon_idle_mib"),
+        [(r["round"], r["side"], *(r[f] for f in fields), r["anon_idle_mib"]) for r in runs],
+    )
+    for key, ratios in paired.items():
+        print(f"default / tuned {key}, paired by round: {ratios}")
+    result = {"benchmark": "allocator", "artifact": artifact, "runs": runs, "paired": paired}
+    write_result("allocator", result)
+    return result
 
 
 def _mib(kb: int) -> float:
@@ -425,11 +585,26 @@ def main(argv: list[str] | None = None) -> dict | None:
         action="store_true",
         help="also sort the tensors of each family's random model (bench.family_models)",
     )
+    parser.add_argument(
+        "--starts",
+        default="fork,spawn",
+        help=f"this checkout's worker starts to measure ({START_ENV} values, comma-separated)",
+    )
+    parser.add_argument(
+        "--allocator", action="store_true", help="compare malloc settings (sr.worker.allocator)"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="--allocator: rounds of sides")
     parser.add_argument("--residency-of", metavar="ARTIFACT", help=argparse.SUPPRESS)
+    parser.add_argument("--allocator-side", choices=ALLOCATOR_SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.residency_of:
         print(json.dumps(weight_residency(args.residency_of)))
         return None
+    if args.allocator_side:
+        print(json.dumps(allocator_side(args.allocator_side, args.artifact)))
+        return None
+    if args.allocator:
+        return compare_allocators(args.artifact, args.rounds)
     results = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
         families = family_models(Path(tmp) / "families") if args.families else {}
@@ -439,9 +614,11 @@ def main(argv: list[str] | None = None) -> dict | None:
             results.append(
                 run_tree(label, tree, args.artifact, args.requests, args.repeats, families)
             )
-        results.append(
-            run_tree("this checkout", ROOT, args.artifact, args.requests, args.repeats, families)
-        )
+        for start in args.starts.split(","):
+            label = f"this checkout, {start}"
+            results.append(
+                run_tree(label, ROOT, args.artifact, args.requests, args.repeats, families, start)
+            )
     report(results)
     result = {
         "benchmark": "memory",
@@ -449,6 +626,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "threads": 1,
         "requests": args.requests,
         "repeats": args.repeats,
+        "starts": args.starts.split(","),
         "target_ratio": TARGET_RATIO,
         "results": results,
     }

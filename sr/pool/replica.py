@@ -4,7 +4,9 @@ Three kinds, one task shape:
 * managed — starts `python -m sr worker ... --uds PATH` (argv list, no shell), restarts
   it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
   it holds the write end of a pipe whose read end is the worker's `--parent-fd`, so the
-  worker exits when this process dies, however it dies (sr.worker.parent_watch). The
+  worker exits when this process dies, however it dies (sr.worker.parent_watch). A CPU
+  worker is forked by the router's fork server when `SR_WORKER_START` allows (sr.pool.forked:
+  same argv, exit status, signals and parent pipe; spawned directly if the server fails). The
   worker logs JSON lines naming its deployment and replica, relayed into this process's
   log (sr.pool.worker_log); an exit is described in words (`killed by SIGKILL`);
 * attached (`endpoint`) — only probed, never started or stopped; never terminal: when it
@@ -30,7 +32,8 @@ from typing import Any
 
 import trio
 
-from sr.config.schema import Deployment, Replica
+from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL, Deployment, Replica
+from sr.pool.forked import ForkServer, ForkServerError, forkable, lease_fork_server, start_method
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
@@ -69,8 +72,10 @@ def worker_argv(
         argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
     if deployment.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
-    if deployment.dtype != "float32":  # the worker's default; argv stays as before
+    if deployment.dtype != DEFAULT_DTYPE:  # auto: the worker's default
         argv += ["--dtype", deployment.dtype]
+    if deployment.kernel != DEFAULT_KERNEL:
+        argv += ["--kernel", deployment.kernel]
     if parent_fd is not None:
         argv += ["--parent-fd", str(parent_fd)]
     if names is not None:
@@ -88,6 +93,12 @@ def worker_env() -> dict[str, str]:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    # GNU OpenMP spins 300k times for a peer thread before sleeping: on a shared host a
+    # descheduled peer turns every operator of a 2-thread forward into milliseconds of
+    # spinning (one medium text 5-28x ONNX Runtime's latency; with 1000 spins 0.84-0.88x,
+    # docs/benchmarks.md, issue 16). Read once when torch loads, so it must be in the
+    # environment the worker (or the fork server) starts with; an operator's value wins.
+    env.setdefault("GOMP_SPINCOUNT", "1000")
     return env
 
 
@@ -101,8 +112,14 @@ def incompatibility(deployment: Deployment, card: dict) -> str | None:
     pinned = deployment.revision
     if pinned is not None and "revision" in card and card["revision"] != pinned:
         return f"revision: deployment pins {pinned!r}, worker serves {card['revision']!r}"
-    if "dtype" in card and card["dtype"] != deployment.dtype:
+    # A worker states the dtype it serves and the one it was asked for (`precision`); an
+    # `auto` deployment accepts what the worker's host chose for its profile.
+    asked = (card.get("precision") or {}).get("requested")
+    if "dtype" in card and deployment.dtype not in (card["dtype"], asked):
         return f"dtype: deployment serves {deployment.dtype}, worker serves {card['dtype']}"
+    served_kernel = (card.get("kernel") or {}).get("linear")
+    if deployment.kernel != DEFAULT_KERNEL and served_kernel not in (None, deployment.kernel):
+        return f"kernel: deployment asks for {deployment.kernel}, worker serves {served_kernel}"
     limits = card.get("limits") or {}
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         wanted = getattr(deployment, key)
@@ -138,6 +155,7 @@ class ReplicaRunner:
         self._probe_now = trio.Event()
         self._incarnation = 0
         self._last_worker_message = ""
+        self._last_exit_note = ""
 
     # -- public ---------------------------------------------------------------------
     def request_probe(self) -> None:
@@ -184,13 +202,51 @@ class ReplicaRunner:
             self._set(S.FAILED, f"in-process worker failed: {type(error).__name__}: {error}")
 
     async def _run_managed(self) -> None:
+        rec = self.record
+        method, warning = start_method(self.placement.device or "cpu", os.environ)
+        if warning:
+            self.policy.events.emit(
+                "worker_start_invalid", deployment=rec.deployment, replica=rec.id, reason=warning
+            )
+        if method == "spawn":
+            await self._restart_loop(None)
+            return
+        async with lease_fork_server(self.run_dir, worker_env()) as server:
+            await self._restart_loop(server)
+
+    async def _restart_loop(self, server: ForkServer | None) -> None:
         while True:
             self._incarnation += 1
-            verdict, code = await self._run_incarnation()
+            verdict, code = await self._run_incarnation(server)
             if verdict == "failed" or not await self._after_exit(code):
                 return
 
-    async def _run_incarnation(self) -> tuple[str | None, int | None]:
+    async def _start_worker(self, argv: list[str], parent_read: int, server: ForkServer | None):
+        """The worker's process: forked by `server` when there is one, else spawned."""
+        if server is not None and forkable(argv):
+            try:
+                return await server.fork_worker(argv, parent_read=parent_read, env=worker_env())
+            except ForkServerError as error:
+                rec = self.record
+                self.policy.events.emit(
+                    "fork_server_unavailable",
+                    deployment=rec.deployment,
+                    replica=rec.id,
+                    reason=str(error),
+                    fallback="spawn",
+                )
+        # stdout is the worker's announcement channel for humans running it by hand;
+        # the pool learns everything over the socket, and sr serve's stdout stays ours.
+        return await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=worker_env(),
+            pass_fds=(parent_read,),
+        )
+
+    async def _run_incarnation(self, server: ForkServer | None) -> tuple[str | None, int | None]:
         """One worker process from start to exit; returns (probe verdict, exit status)."""
         rec = self.record
         uds = self.run_dir / f"{rec.id}-{self._incarnation}.sock"
@@ -210,16 +266,7 @@ class ReplicaRunner:
         )
         self._set(S.STARTING, None)
         try:
-            # stdout is the worker's announcement channel for humans running it by hand;
-            # the pool learns everything over the socket, and sr serve's stdout stays ours.
-            process = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=worker_env(),
-                pass_fds=(parent_read,),
-            )
+            process = await self._start_worker(argv, parent_read, server)
         except BaseException:
             os.close(parent_alive)
             raise
@@ -255,6 +302,8 @@ class ReplicaRunner:
             rec.pid = None
             uds.unlink(missing_ok=True)
             self._last_worker_message = relay.last_message
+            # a forked worker whose fork server died: no exit status to describe
+            self._last_exit_note = getattr(process, "exit_note", "")
         return verdict, process.returncode
 
     async def _after_exit(self, code: int | None) -> bool:
@@ -264,6 +313,8 @@ class ReplicaRunner:
         if not rec.restart.was_ready:
             rec.early_exits += 1
         why = describe_exit(code, self._last_worker_message)
+        if self._last_exit_note:
+            why = f"{why} ({self._last_exit_note})"
         if rec.early_exits >= TERMINAL_EARLY_EXITS:
             self._set(S.FAILED, f"{why} ({rec.early_exits} exits before becoming ready)")
             return False
@@ -366,6 +417,8 @@ class ReplicaRunner:
             "overflow": d.input.overflow,
             "max_num_seqs": d.max_num_seqs,
             "max_num_batched_tokens": d.max_num_batched_tokens,
+            "dtype": d.dtype,
+            "kernel": d.kernel,
         }
 
     async def _pump_stderr(self, stream: trio.abc.ReceiveStream, relay: WorkerLogRelay) -> None:

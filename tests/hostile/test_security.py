@@ -147,10 +147,20 @@ def test_workers_are_spawned_from_an_argv_list_without_a_shell(hostile_router):
     assert isinstance(argv, list) and argv[0] == sys.executable
     assert argv[argv.index("--artifact") + 1] == hostile.artifact  # one element, unparsed
     (pid,) = hostile_router.initial_pids
-    parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    assert parent == hostile_router.proc.pid, "the worker's parent is sr serve, not a shell"
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert Path(cmdline[0].decode()).name.startswith("python")
+
+    def parent_of(child: int) -> int:
+        return int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    # A CPU worker is forked by sr's fork server (sr.pool.forkserver), itself a child of
+    # sr serve; either way no shell stands between sr serve and the worker.
+    parent = parent_of(pid)
+    if parent != hostile_router.proc.pid:
+        server = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        assert server[1:3] == [b"-m", b"sr.pool.forkserver"], server
+        assert parent_of(parent) == hostile_router.proc.pid, "the fork server is sr serve's child"
+    for process in (pid, parent):
+        cmdline = Path(f"/proc/{process}/cmdline").read_bytes().split(b"\0")
+        assert Path(cmdline[0].decode()).name.startswith("python"), cmdline
 
 
 # -- limits on every read ------------------------------------------------------------------
