@@ -1,11 +1,22 @@
 """sr.pool: the replica pool — dispatch, admission, backoff, ejection, supervision.
 
-Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`, `durations`.
-I/O: `transport`, `replica` (one task per replica), `deployment`, `core` (`open_router`).
+Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`, `durations`,
+`membership` (discovered sets and when to resolve).
+I/O: `transport`, `worker_access` (keys, CA bundles), `replica` (one task per replica),
+`discovery` (one task per `discover` entry), `deployment`, `core` (`open_router`).
 """
 
 from sr.errors import ReloadFailed, StartupFailed
 from sr.pool.core import RouterCore, open_router
 from sr.pool.deployment import Reply
+from sr.pool.discovery import DnsResolver, Resolver
 
-__all__ = ["ReloadFailed", "Reply", "RouterCore", "StartupFailed", "open_router"]
+__all__ = [
+    "DnsResolver",
+    "ReloadFailed",
+    "Reply",
+    "Resolver",
+    "RouterCore",
+    "StartupFailed",
+    "open_router",
+]

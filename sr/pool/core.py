@@ -1,8 +1,10 @@
 """RouterCore and `open_router`: the embedding API of the pool (SPEC sections 5, 8, 9).
 
 Supervision tree: the RouterCore nursery holds one DeploymentPool task per deployment;
-each pool's nursery holds one ReplicaRunner task per replica. The router-wide assignment
-sequence lives here, so least-recently-assigned ties survive reloads.
+each pool's nursery holds one ReplicaRunner task per replica, and one DiscoveryGroup task
+per `discover` entry, which holds a ReplicaRunner per discovered address
+(sr.pool.discovery). The router-wide assignment sequence lives here, so
+least-recently-assigned ties survive reloads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,11 @@ import attrs
 import trio
 
 from sr import api, api_codec
-from sr.config.schema import Deployment, SrConfig
+from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
 from sr.events import EventSink
 from sr.pool.deployment import DeploymentPool, Reply
+from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.durations import ready_timeout_s
 from sr.pool.identity import replica_identities
 from sr.pool.policy import DeploymentPolicy
@@ -33,6 +37,7 @@ from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
+from sr.pool.worker_access import WorkerAccess, entry_accesses
 from sr.private_folder import ensure_private_folder
 
 READY_POLL_S = 0.05
@@ -59,12 +64,22 @@ class RouterCore:
         threads: int,
         run_dir: Path,
         worker_factory: Callable[[Any], Any] | None,
+        resolver: Resolver | None = None,
+        connect_endpoint: Callable[[str], Transport] | None = None,
     ) -> None:
+        """`resolver` resolves `discover` names (default: DNS); `connect_endpoint(url)`, when
+        given, replaces how every attached worker is reached (tests)."""
         self.config = config
         self.events = events
         self.threads = threads
         self.run_dir = run_dir
         self.worker_factory = worker_factory
+        self.resolver: Resolver = resolver or DnsResolver()
+        self.connect_endpoint = connect_endpoint
+        # the key and CA bundle each live runner was built with (sr.pool.worker_access)
+        self._access_fingerprints: weakref.WeakKeyDictionary[ReplicaRunner, str] = (
+            weakref.WeakKeyDictionary()
+        )
         self.pools: dict[str, DeploymentPool] = {}
         self._nursery = nursery
         self._sequence = itertools.count(1)
@@ -241,6 +256,13 @@ class RouterCore:
                 return dict(card)
         return None
 
+    def served_dtype(self, deployment: str) -> str | None:
+        """The dtype a ready replica of `deployment` serves (its card: `auto` resolved on
+        the worker's host), or None while none is ready or the deployment is gone."""
+        pool = self.pools.get(deployment)
+        card = self.model_card(deployment) if pool is not None else None
+        return None if card is None else card.get("dtype")
+
     def is_ready(self) -> bool:
         return bool(self.pools) and all(pool.has_ready() for pool in self.pools.values())
 
@@ -267,11 +289,13 @@ class RouterCore:
 
     # -- building and reloading -----------------------------------------------------
     async def _prepare(
-        self, config: SrConfig
-    ) -> tuple[dict[str, dict[str, ReplicaRunner]], list[ReplicaRunner], list[DeploymentPool]]:
-        """Runners for every deployment of `config`, reusing live ones with the same
-        identity; new runners are started (not yet published)."""
-        plan: dict[str, dict[str, ReplicaRunner]] = {}
+        self, config: SrConfig, failure: type[StartupFailed] | type[ReloadFailed]
+    ) -> tuple[dict[str, _Plan], list[ReplicaRunner], list[DeploymentPool]]:
+        """Runners and discovery groups for every deployment of `config`, reusing live ones
+        with the same identity; new ones are started (not yet published). A key or CA
+        bundle that cannot be used raises `failure` before anything starts."""
+        accesses = entry_accesses(config, failure)
+        plan: dict[str, _Plan] = {}
         started: list[ReplicaRunner] = []
         new_pools: list[DeploymentPool] = []
         for name, deployment in config.deployments.items():
@@ -286,71 +310,163 @@ class RouterCore:
                 pool = DeploymentPool(name, deployment, policy)
                 await self._nursery.start(pool.run)
                 new_pools.append(pool)
+            placements = deployment.placements()
+            static = [p for p in placements if not p.discovered]
+            if len(static) != len(placements):
+                # Identities as if the discover entries were not there: adding one
+                # restarts no other replica.
+                deployment_static = attrs.evolve(deployment, replicas=static)
+            else:
+                deployment_static = deployment
             runners: dict[str, ReplicaRunner] = {}
-            for replica_id, placement in replica_identities(name, deployment, self.threads):
-                old = pool.runners.get(replica_id)
-                if old is not None and old.record.lifecycle not in (ReplicaState.FAILED,):
+            for replica_id, placement in replica_identities(name, deployment_static, self.threads):
+                access = accesses.get((name, placements.index(placement)), WorkerAccess())
+                old = pool.static_runners.get(replica_id)
+                if (
+                    old is not None
+                    and old.record.lifecycle not in (ReplicaState.FAILED,)
+                    # a changed key or CA bundle replaces the replica (same id): its
+                    # transport was built with the old ones
+                    and self._access_fingerprints.get(old, "") == access.fingerprint
+                ):
                     old.deployment = deployment  # same identity: only non-engine fields differ
                     runners[replica_id] = old
                     continue
-                record = ReplicaRecord(
-                    replica_id=replica_id,
-                    deployment=name,
-                    placement=placement.endpoint or placement.device or "cpu",
-                    attached=placement.attached,
-                    threads=None if placement.attached else self.threads,
-                )
-                runner = ReplicaRunner(
-                    record=record,
-                    placement=placement,
-                    deployment=deployment,
-                    policy=pool.policy,
-                    threads=self.threads,
-                    run_dir=self.run_dir,
-                    worker_factory=None if placement.attached else self.worker_factory,
-                )
-                pool.policy.note_state(record, trio.current_time())
+                runner = self._new_runner(pool, deployment, replica_id, placement, access)
+                pool.policy.note_state(runner.record, trio.current_time())
                 await pool.start_runner(runner)
                 runners[replica_id] = runner
                 started.append(runner)
-            plan[name] = runners
+            groups: dict[str, DiscoveryGroup] = {}
+            for index, entry in enumerate(placements):
+                if entry.discovered:
+                    access = accesses[(name, index)]
+                    key = group_key(name, entry, deployment, access.fingerprint)
+                    group = pool.groups.get(key)
+                    if group is not None:
+                        group.update(entry, deployment)
+                    else:
+                        group = self._new_group(pool, deployment, entry, key, access)
+                        await pool.start_group(group)
+                    groups[key] = group
+            plan[name] = _Plan(runners, groups)
         return plan, started, new_pools
+
+    def _new_runner(
+        self,
+        pool: DeploymentPool,
+        deployment: Deployment,
+        replica_id: str,
+        placement: Replica,
+        access: WorkerAccess,
+        tls_server_name: str | None = None,
+    ) -> ReplicaRunner:
+        record = ReplicaRecord(
+            replica_id=replica_id,
+            deployment=pool.name,
+            placement=placement.endpoint or placement.device or "cpu",
+            attached=placement.attached,
+            threads=None if placement.attached else self.threads,
+        )
+        runner = ReplicaRunner(
+            record=record,
+            placement=placement,
+            deployment=deployment,
+            policy=pool.policy,
+            threads=self.threads,
+            run_dir=self.run_dir,
+            worker_factory=None if placement.attached else self.worker_factory,
+            connect_endpoint=self.connect_endpoint or access.connector(tls_server_name),
+        )
+        self._access_fingerprints[runner] = access.fingerprint
+        return runner
+
+    def _new_group(
+        self,
+        pool: DeploymentPool,
+        deployment: Deployment,
+        entry: Replica,
+        key: str,
+        access: WorkerAccess,
+    ) -> DiscoveryGroup:
+        def new_member(replica_id: str, placement: Replica) -> ReplicaRunner:
+            # Dialled by address, verified against the name: the workers' certificate is
+            # issued for the service (sr.pool.transport).
+            return self._new_runner(
+                pool,
+                group.deployment,
+                replica_id,
+                placement,
+                access,
+                tls_server_name=group.host if entry.effective_scheme == "https" else None,
+            )
+
+        group = DiscoveryGroup(
+            deployment_name=pool.name,
+            deployment=deployment,
+            entry=entry,
+            key=key,
+            resolver=self.resolver,
+            new_runner=new_member,
+            on_change=pool.recompose,
+            events=self.events,
+            drain_timeout_s=DRAIN_TIMEOUT_S,
+        )
+        return group
 
     def _publish(
         self,
         config: SrConfig,
-        plan: dict[str, dict[str, ReplicaRunner]],
+        plan: dict[str, _Plan],
         new_pools: list[DeploymentPool],
-    ) -> list[ReplicaRunner | DeploymentPool]:
+    ) -> list[ReplicaRunner | DeploymentPool | DiscoveryGroup]:
         """Swap in the new replica sets at once; returns what to retire."""
-        retired: list[ReplicaRunner | DeploymentPool] = []
+        retired: list[ReplicaRunner | DeploymentPool | DiscoveryGroup] = []
         for name, pool in list(self.pools.items()):
-            keep = plan.get(name, {})
-            retired += [r for rid, r in pool.runners.items() if rid not in keep]
+            keep = plan.get(name, _Plan({}, {}))
+            # by object: a runner replaced under the same id (a changed key) retires too
+            retired += [
+                r for rid, r in pool.static_runners.items() if keep.runners.get(rid) is not r
+            ]
+            retired += [g for key, g in pool.groups.items() if key not in keep.groups]
             if name not in plan:
                 retired.append(pool)
                 del self.pools[name]
         fresh = {pool.name: pool for pool in new_pools}
-        for name, runners in plan.items():
+        for name, item in plan.items():
             pool = self.pools.get(name) or fresh[name]
-            pool.publish(config.deployments[name], runners)
+            pool.publish(config.deployments[name], item.runners, item.groups)
             self.pools[name] = pool
         self.config = config
         return retired
 
     async def start(self, config: SrConfig) -> None:
-        plan, _, new_pools = await self._prepare(config)
+        plan, _, new_pools = await self._prepare(config, StartupFailed)
         self._publish(config, plan, new_pools)
 
     async def reload(self, config: SrConfig, *, timeout_s: float | None = None) -> None:
         """Bring up what is new, publish atomically, then retire what was removed."""
         async with self._reload_lock:
-            plan, started, new_pools = await self._prepare(config)
+            plan, started, new_pools = await self._prepare(config, ReloadFailed)
+            # Discovery groups this reload adds warm up first (Envoy's cluster warming):
+            # resolved once, and every address of it joined.
+            new_groups = [
+                (name, group)
+                for name, item in plan.items()
+                for key, group in item.groups.items()
+                if key not in (self.pools[name].groups if name in self.pools else {})
+            ]
             limit = ready_timeout_s() if timeout_s is None else timeout_s
             failure = None
+            group_failure = None
             with trio.move_on_after(limit) as scope:
-                while failure is None and not all(
-                    r.record.lifecycle is ReplicaState.READY for r in started
+                while (
+                    failure is None
+                    and group_failure is None
+                    and not (
+                        all(r.record.lifecycle is ReplicaState.READY for r in started)
+                        and all(group.is_warm() for _, group in new_groups)
+                    )
                 ):
                     failure = next(
                         (
@@ -361,18 +477,37 @@ class RouterCore:
                         ),
                         None,
                     )
+                    group_failure = next(
+                        (
+                            f"deployment {name!r} discover {group.entry.discover}: {why}"
+                            for name, group in new_groups
+                            if (why := group.warm_failure()) is not None
+                        ),
+                        None,
+                    )
                     await trio.sleep(READY_POLL_S)
-            if failure is not None or scope.cancelled_caught:
+            if failure is not None or group_failure is not None or scope.cancelled_caught:
                 for runner in started:
                     self._nursery.start_soon(runner.retire, 0)
+                for _, group in new_groups:
+                    self._nursery.start_soon(group.retire, 0)
                 for pool in new_pools:
                     pool.cancel_scope.cancel()
+                prefix = "reload failed, old config still serving: "
                 culprit = failure or next(
-                    r for r in started if r.record.lifecycle is not ReplicaState.READY
+                    (r for r in started if r.record.lifecycle is not ReplicaState.READY), None
                 )
+                if group_failure is not None or culprit is None:
+                    waiting = group_failure or "; ".join(
+                        f"deployment {name!r} discover {group.entry.discover}: not warm"
+                        f" ({group.describe()})"
+                        for name, group in new_groups
+                        if not group.is_warm()
+                    )
+                    raise ReloadFailed(prefix + waiting)
                 rec = culprit.record
                 raise ReloadFailed(
-                    f"reload failed, old config still serving: deployment {rec.deployment!r} "
+                    f"{prefix}deployment {rec.deployment!r} "
                     f"replica {rec.id}: {rec.state(trio.current_time()).value}"
                     + (f" ({rec.reason})" if rec.reason else "")
                 )
@@ -387,14 +522,24 @@ class RouterCore:
         self.pools = {}
 
 
-async def _retire(item: ReplicaRunner | DeploymentPool) -> None:
+async def _retire(item: ReplicaRunner | DeploymentPool | DiscoveryGroup) -> None:
     if isinstance(item, DeploymentPool):
         async with trio.open_nursery() as nursery:
-            for runner in item.runners.values():
+            for runner in item.static_runners.values():
                 nursery.start_soon(runner.retire, DRAIN_TIMEOUT_S)
+            for group in item.groups.values():
+                nursery.start_soon(group.retire, DRAIN_TIMEOUT_S)
         item.cancel_scope.cancel()
     else:
         await item.retire(DRAIN_TIMEOUT_S)
+
+
+@attrs.frozen
+class _Plan:
+    """One deployment's replicas after a (re)load: static runners and discovery groups."""
+
+    runners: dict[str, ReplicaRunner]
+    groups: dict[str, DiscoveryGroup]
 
 
 def _describe(pool: DeploymentPool) -> str:
@@ -404,6 +549,7 @@ def _describe(pool: DeploymentPool) -> str:
         rec = runner.record
         text = f"replica {rec.id} ({rec.placement}) {rec.state(now).value}"
         parts.append(text + (f": {rec.reason}" if rec.reason else ""))
+    parts += [f"discover {g.entry.discover}: {g.describe()}" for g in pool.groups.values()]
     return ", ".join(parts) or "no replicas"
 
 
@@ -424,15 +570,22 @@ async def open_router(
     threads: int | None = None,
     run_dir: str | Path | None = None,
     worker_factory: Callable[[Any], Any] | None = None,
+    resolver: Resolver | None = None,
+    connect_endpoint: Callable[[str], Transport] | None = None,
 ) -> AsyncIterator[RouterCore]:
     """Start and supervise every deployment's workers; leaving drains and stops them.
 
     `in_process=True` runs each managed replica as a `WorkerService` in this process;
-    `worker_factory(WorkerOptions) -> service` overrides which service (tests)."""
+    `worker_factory(WorkerOptions) -> service` overrides which service (tests).
+    `resolver` resolves `discover` entries (default: DNS, sr.pool.discovery);
+    `connect_endpoint(url) -> Transport` overrides how attached workers are reached (tests)."""
     if in_process and worker_factory is None:
         from sr.worker.service import WorkerService
 
         worker_factory = WorkerService
+    # A key variable that is not set or a CA bundle that cannot be read fails here, as
+    # itself, before any worker starts (and again at each reload: sr.pool.worker_access).
+    entry_accesses(config, StartupFailed)
     events = events or EventSink()
     lock_fd: int | None = None  # set when sr makes (and so owns) the run folder
     if run_dir is None:
@@ -456,6 +609,8 @@ async def open_router(
                 threads=threads if threads is not None else default_worker_threads(),
                 run_dir=path,
                 worker_factory=worker_factory,
+                resolver=resolver,
+                connect_endpoint=connect_endpoint,
             )
             await core.start(config)
             try:

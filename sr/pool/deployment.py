@@ -16,6 +16,7 @@ import trio
 
 from sr.config.schema import Deployment
 from sr.errors import DeadlineExceeded, Overloaded, Unavailable, WorkerFailed
+from sr.pool.discovery import DiscoveryGroup
 from sr.pool.outcome import Outcome, outcome_of_status
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.replica import ReplicaRunner
@@ -44,6 +45,10 @@ class DeploymentPool:
         self.name = name
         self.config = config
         self.policy = policy
+        # The replicas a reload publishes (device and endpoint entries), and the discovery
+        # groups (discover entries, sr.pool.discovery) that publish their own as they go.
+        self.static_runners: dict[str, ReplicaRunner] = {}
+        self.groups: dict[str, DiscoveryGroup] = {}
         self.runners: dict[str, ReplicaRunner] = {}  # published replicas, by identity
         self.cancel_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
@@ -61,10 +66,29 @@ class DeploymentPool:
         assert self._nursery is not None
         await self._nursery.start(runner.run)
 
-    def publish(self, config: Deployment, runners: dict[str, ReplicaRunner]) -> None:
+    async def start_group(self, group: DiscoveryGroup) -> None:
+        assert self._nursery is not None
+        await self._nursery.start(group.run)
+
+    def publish(
+        self,
+        config: Deployment,
+        runners: dict[str, ReplicaRunner],
+        groups: dict[str, DiscoveryGroup] | None = None,
+    ) -> None:
         self.config = config
-        self.runners = dict(runners)
-        self.policy.publish([r.record for r in runners.values()], config.outlier_detection)
+        self.static_runners = dict(runners)
+        self.groups = dict(groups or {})
+        self.recompose()
+
+    def recompose(self) -> None:
+        """Publish the static replicas plus every group's current members at once (a
+        reload, or a discovery group's membership change)."""
+        runners = dict(self.static_runners)
+        for group in self.groups.values():
+            runners.update(group.published())
+        self.runners = runners
+        self.policy.publish([r.record for r in runners.values()], self.config.outlier_detection)
         self._poke.set()
 
     # -- dispatch -------------------------------------------------------------------
@@ -127,6 +151,8 @@ class DeploymentPool:
                 # no-op), so the common path wakes no second task.
                 if runner is not None:
                     runner.request_probe()
+                for group in self.groups.values():
+                    group.replica_failed(rec.id)  # a discovered fleet may have moved
                 self._poke.set()
         if outcome is Outcome.FAILED:
             raise WorkerFailed(
@@ -147,7 +173,9 @@ class DeploymentPool:
     def snapshot(self, now: float) -> dict:
         rows = [r.record.snapshot(now) for r in self.runners.values()]
         ready = sum(1 for row in rows if row["state"] in ("ready", "backoff"))
-        desired = len(self.config.placements())
+        # A discover entry stands for as many replicas as its name resolved to.
+        desired = sum(1 for p in self.config.placements() if not p.discovered)
+        desired += sum(group.desired() for group in self.groups.values())
         waiting = {"starting", "loading", "warming", "restarting"}
         if ready and ready >= desired:
             state = "ready"
@@ -164,6 +192,11 @@ class DeploymentPool:
             "state": state,
             "restarts": sum(row["restarts"] for row in rows),
             "replicas": rows,
+            **(
+                {"discovery": [group.snapshot(now) for group in self.groups.values()]}
+                if self.groups
+                else {}
+            ),
         }
 
     def has_ready(self) -> bool:

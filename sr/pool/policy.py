@@ -174,6 +174,10 @@ class DeploymentPolicy:
     def set_lifecycle(
         self, rec: ReplicaRecord, new: ReplicaState, now: float, reason: str | None = None
     ) -> None:
+        if rec.lifecycle is ReplicaState.DRAINING and new is not ReplicaState.DRAINING:
+            # DRAINING is never left; a retired replica's prober keeps running while its
+            # in-flight requests finish, and what it sees no longer matters.
+            return
         if check_transition(rec.lifecycle, new, attached=rec.attached) or reason != rec.reason:
             if rec.lifecycle is ReplicaState.READY and new is not ReplicaState.READY:
                 rec.restart.left_ready(now)

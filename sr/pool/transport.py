@@ -12,6 +12,7 @@ A transport raises `TransportError` for anything that is not an HTTP answer.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, Protocol
 
 import httpx
@@ -35,14 +36,31 @@ class Transport(Protocol):
 
 class HttpTransport:
     """Managed workers (`uds`): sr.pool.http1. Attached workers (`base_url`, which may be
-    https): httpx, whose TLS support the small client does not have."""
+    https): httpx, whose TLS support the small client does not have. `api_key` is sent as
+    `Authorization: Bearer` on every exchange; `ssl_context` verifies https workers (None:
+    httpx's default, the certifi bundle); `tls_server_name`, when given, is the name the
+    certificate must carry (and the SNI sent) instead of the URL's host: a discovered
+    worker is dialled by address but holds a certificate for the service's name."""
 
-    def __init__(self, *, uds: str | None = None, base_url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        uds: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self._inner: Http1Transport | HttpxTransport
         if uds is not None:
             self._inner = Http1Transport(Http1Pool(uds=uds))
         else:
-            self._inner = HttpxTransport(base_url=base_url)
+            self._inner = HttpxTransport(
+                base_url=base_url,
+                api_key=api_key,
+                ssl_context=ssl_context,
+                tls_server_name=tls_server_name,
+            )
 
     async def exchange(
         self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
@@ -70,13 +88,24 @@ class Http1Transport:
 
 
 class HttpxTransport:
-    def __init__(self, *, uds: str | None = None, base_url: str | None = None) -> None:
-        transport = httpx.AsyncHTTPTransport(uds=uds, retries=0)
+    def __init__(
+        self,
+        *,
+        uds: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
+        self._extensions = {"sni_hostname": tls_server_name} if tls_server_name else None
+        verify: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        transport = httpx.AsyncHTTPTransport(uds=uds, retries=0, verify=verify)
         self._client = httpx.AsyncClient(
             transport=transport,
             base_url=base_url or "http://worker",
             timeout=httpx.Timeout(None),  # deadlines come from the caller's cancel scope
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            headers={"authorization": f"Bearer {api_key}"} if api_key else None,
         )
 
     async def exchange(
@@ -87,14 +116,35 @@ class HttpxTransport:
             headers["x-request-id"] = request_id
         try:
             response = await self._client.request(
-                method, path, content=body or None, headers=headers or None
+                method,
+                path,
+                content=body or None,
+                headers=headers or None,
+                extensions=self._extensions,
             )
         except httpx.HTTPError as error:
-            raise TransportError(f"{type(error).__name__}: {error}".rstrip(": ")) from error
+            raise TransportError(_describe_httpx_error(error)) from error
         return response.status_code, dict(response.headers), response.content
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _describe_httpx_error(error: BaseException) -> str:
+    """`ConnectError: ...`; an error with an empty message (httpx's TLS failures) is
+    described by its first cause that says something: the reason (an unknown CA, a name
+    mismatch) is the inventory's only clue."""
+    text = f"{type(error).__name__}: {error}".rstrip(": ")
+    if str(error):
+        return text
+    cause = error.__cause__ or error.__context__
+    for _ in range(5):
+        if cause is None:
+            break
+        if said := str(cause):
+            return f"{text} ({type(cause).__name__}: {said})"
+        cause = cause.__cause__ or cause.__context__
+    return text
 
 
 class InProcessTransport:

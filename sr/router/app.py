@@ -173,7 +173,8 @@ class RouterApp:
         listener = config.listeners[0] if config.listeners else None
         self._auth = ApiKeyCheck(list(listener.api_keys) if listener else [])
         self._cors = CorsPolicy(listener.cors_allow_origins if listener else ())
-        self.cache.configure({name: len(d.placements()) for name, d in deployments.items()})
+        # A discovered fleet (no fixed count) is never a single worker: no cache.
+        self.cache.configure({name: d.fixed_worker_count or 0 for name, d in deployments.items()})
 
     def set_reload(self, reload: Callable[[], Awaitable[dict[str, Any]]] | None) -> None:
         self._reload = reload

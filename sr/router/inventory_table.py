@@ -49,6 +49,10 @@ def render_inventory(inventory: dict[str, Any], *, colour_states: bool = False) 
             f"{_cell(deployment.get('ready_replicas'))}/{_cell(deployment.get('desired_replicas'))}"
             f" ready, {_cell(deployment.get('restarts', 0))} restarts"
         )
+        summaries += [
+            f"  {inventory_view.discovery_summary(entry)}"
+            for entry in inventory_view.discovery(deployment)
+        ]
         for replica in inventory_view.replicas(deployment):
             replica_state = str(replica.get("state", "?"))
             if replica_state == "ejected" and replica.get("ejected_for_ms") is not None:

@@ -28,6 +28,36 @@ def replicas(deployment: dict[str, Any]) -> list[dict[str, Any]]:
     return list(listed)
 
 
+def discovery(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployment's `discover` entries (sr.pool.discovery), or [] when it has none."""
+    listed = deployment.get("discovery") or []
+    return [entry for entry in listed if isinstance(entry, dict)]
+
+
+def discovery_summary(entry: dict[str, Any]) -> str:
+    """One line about a discover entry: its set and its last resolution."""
+    found = entry.get("discovered") or []
+    members = sum(1 for row in found if row.get("status") == "member")
+    text = f"discover {entry.get('discover', '?')}: {members}/{len(found)} joined"
+    pending = [
+        f"{row.get('address')} {row.get('status')}"
+        for row in found
+        if row.get("status") != "member"
+    ]
+    if pending:
+        text += f" ({', '.join(pending)})"
+    last = entry.get("last_resolution")
+    if not last:
+        return text + "; not resolved yet"
+    text += f"; resolved {last.get('age_s', 0):.0f}s ago ({last.get('at')}), {last.get('count')}"
+    text += " address(es)"
+    if last.get("error"):
+        good = entry.get("last_good_resolution")
+        kept = f", keeping the set of {good.get('at')}" if good else ""
+        text += f": FAILED {last['error']}{kept}"
+    return text
+
+
 def replica_id(replica: dict[str, Any]) -> str:
     return str(replica.get("id", replica.get("replica", "?")))
 

@@ -17,6 +17,7 @@ from sr.errors import UsageError
 from sr.h1_server import H1Server, open_listeners
 from sr.http_limits import HttpLimits
 from sr.private_folder import ensure_private_folder
+from sr.worker.auth import WorkerKeyCheck, unauthorized
 from sr.worker.service import WorkerService
 
 # The worker's HTTP limits (docs/security.md). Its usual caller is the router, which keeps
@@ -35,11 +36,15 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
-def handler_for(service: WorkerService):
-    """The H1Server handler: the service's `handle`, told the caller's request id."""
+def handler_for(service: WorkerService, api_key: str | None = None):
+    """The H1Server handler: the service's `handle`, told the caller's request id; with
+    `api_key`, callers without it get 401 on every route but the open ones (sr.worker.auth)."""
     handle = service.handle
+    check = WorkerKeyCheck(api_key) if api_key is not None else None
 
     async def handler(method: str, path: str, body: bytes, headers) -> tuple:
+        if check is not None and not check.allows(path, headers):
+            return unauthorized()
         return await handle(method, path, body, request_id_of(headers))
 
     return handler
@@ -87,17 +92,19 @@ async def serve_worker(
     uds: str | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    api_key: str | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen at once, then load the model; stops gracefully when `shutdown_trigger` returns.
+    `api_key`: the key callers must send (sr.worker.auth).
 
     `task_status.started(binds)` reports where it listens (e.g. `http://127.0.0.1:41234`).
     """
     if uds is not None:
         prepare_uds(uds)
     server = H1Server(
-        handler_for(service),
+        handler_for(service, api_key),
         WORKER_HTTP_LIMITS,
         after_answer=answer_then_exit(service),
     )
