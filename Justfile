@@ -15,5 +15,5 @@ bench *ARGS:
     .venv/bin/python -m bench {{ARGS}}
 
 lint:
-    .venv/bin/ruff check sr tests bench examples
-    .venv/bin/ruff format --check sr tests bench examples
+    .venv/bin/ruff check sr tests bench examples deploy
+    .venv/bin/ruff format --check sr tests bench examples deploy

@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The project venv made by scripts/setup.sh, whatever the caller has activated.
 . .venv/bin/activate
-ruff check sr tests bench examples
+ruff check sr tests bench examples deploy
 exec python -m pytest -q "$@"
