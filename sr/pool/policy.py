@@ -192,10 +192,18 @@ class DeploymentPolicy:
     def refresh(self, now: float) -> None:
         """Emit state changes that happened by time alone (backoff or ejection ended)."""
         for rec in self.records:
+            self.note_state(rec, now)
+
+    def note_state(self, rec: ReplicaRecord, now: float) -> None:
+        """Report `rec`'s state if it changed since last reported. Whoever notices first
+        that a cooldown ended (the timer task, or the prober setting the lifecycle at the
+        same moment) reports the readmission: it is one event, not the timer's alone."""
+        state = rec.state(now)
+        if state is not rec.reported_state:
             if (
-                rec.on_probation
+                rec.reported_state is ReplicaState.EJECTED
+                and rec.on_probation
                 and not rec.is_ejected(now)
-                and rec.reported_state is (ReplicaState.EJECTED)
             ):
                 self.events.emit(
                     "replica_readmitted",
@@ -203,11 +211,6 @@ class DeploymentPolicy:
                     replica=rec.id,
                     reason="cooldown",
                 )
-            self.note_state(rec, now)
-
-    def note_state(self, rec: ReplicaRecord, now: float) -> None:
-        state = rec.state(now)
-        if state is not rec.reported_state:
             rec.reported_state = state
             self.events.emit(
                 "replica_state",

@@ -188,3 +188,19 @@ def test_rule8_events_and_inventory(make_policy):
         "reason": None,
     }
     assert "ejected_for_ms" not in a.snapshot(3.5)
+
+
+def test_a_cooldown_noticed_by_the_prober_first_is_still_a_readmission(make_policy):
+    """The prober may set the lifecycle (READY again) after the ejection ended and before
+    the timer task's refresh: the readmission is reported either way, once."""
+    od = OutlierDetection(consecutive_timeouts=1, base_ejection_ms=2000)
+    policy, (a, b), sink = make_policy(2, outlier=od)
+    on(policy, a, Outcome.TIMEOUT, 0)
+    on(policy, b, Outcome.OK, 0.5)
+    on(policy, a, Outcome.TIMEOUT, 1)
+    assert sink.named("replica_state")[-1]["state"] == "ejected"
+    policy.set_lifecycle(a, ReplicaState.READY, 3.5)  # the prober's tick, first
+    policy.refresh(3.6)  # then the timer
+    assert sink.named("replica_readmitted") == [
+        {"deployment": "d", "replica": "r0", "reason": "cooldown"}
+    ]
