@@ -1,7 +1,7 @@
 """Memory of replicas on one host: do workers of one model share their weights' pages?
 
     python -m bench.bench_memory [--requests 3] [--repeats 2] [--baseline REV] [--families]
-                                 [--artifact FOLDER] [--starts fork,spawn]
+                                 [--artifact FOLDER] [--starts fork,spawn] [--kernels auto,blas]
     python -m bench.bench_memory --allocator [--rounds 4]
 
 Starts `sr serve` with the embedded MiniLM (`sentence-transformers/all-MiniLM-L6-v2`,
@@ -212,14 +212,24 @@ def parent_pid(pid: int) -> int:
     return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
-def measure(tree: Path, artifact: str, replicas: int, requests: int, start: str | None) -> dict:
-    """One `sr serve` with `replicas` workers; `start`: its SR_WORKER_START (None: unset)."""
+def measure(
+    tree: Path,
+    artifact: str,
+    replicas: int,
+    requests: int,
+    start: str | None,
+    kernel: str | None = None,
+) -> dict:
+    """One `sr serve` with `replicas` workers; `start`: its SR_WORKER_START (None: unset);
+    `kernel`: the deployment's kernel (None: the host's choice)."""
     saved = os.environ.pop(START_ENV, None)
     if start is not None:
         os.environ[START_ENV] = start  # ServeProcess passes our environment on
     try:
         with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
-            serve = ServeProcess(artifact, Path(tmp), replicas=replicas, pythonpath=str(tree))
+            serve = ServeProcess(
+                artifact, Path(tmp), replicas=replicas, pythonpath=str(tree), kernel=kernel
+            )
             try:
                 pids = wait_all_ready(serve, replicas)
                 touch(serve.url, replicas, requests)
@@ -293,12 +303,14 @@ def _tensors(root) -> dict[str, object]:
     return found
 
 
-def weight_residency(artifact: str) -> dict:
-    """Load the model here and sort its tensors' bytes by where their storage lies:
-    in a mapping of a model.safetensors file, or anywhere else (anonymous, private)."""
+def weight_residency(artifact: str, kernel: str | None = None) -> dict:
+    """Load the model here (on `kernel`, when given) and sort its tensors' bytes by where
+    their storage lies: in a mapping of a model.safetensors file, or anywhere else
+    (anonymous, private)."""
     from sr.models import load_model, resolve_artifact
 
-    model = load_model(resolve_artifact(artifact))
+    extra = {} if kernel is None else {"kernel": kernel}  # a baseline may predate kernels
+    model = load_model(resolve_artifact(artifact), **extra)
     maps = []
     for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split()
@@ -335,12 +347,14 @@ def weight_residency(artifact: str) -> dict:
     }
 
 
-def residency_of(tree: Path, artifact: str) -> dict:
+def residency_of(tree: Path, artifact: str, kernel: str | None = None) -> dict:
     """weight_residency in a child process running the `sr` under `tree` (its working
     directory: `python -m` puts that first on sys.path, before PYTHONPATH)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)]),
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     argv = [sys.executable, "-m", "bench.bench_memory", "--residency-of", artifact]
+    if kernel is not None:
+        argv += ["--residency-kernel", kernel]
     out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -371,13 +385,14 @@ def run_tree(
     repeats: int,
     families: dict[str, Path],
     start: str | None = None,
+    kernel: str | None = None,
 ) -> dict:
     """1 and 2 replicas `repeats` times each, in turns (1, 2, 2, 1, ...): per-process heap
     use moves by 10-20 MiB from one start to the next, so the summary is their mean."""
     runs = []
     for repeat in range(repeats):
         for replicas in (1, 2) if repeat % 2 == 0 else (2, 1):
-            run = measure(tree, artifact, replicas, requests, start)
+            run = measure(tree, artifact, replicas, requests, start, kernel)
             runs.append(run | {"repeat": repeat})
     summary = {str(n): _mean_of([r for r in runs if r["replicas"] == n]) for n in (1, 2)}
     return {
@@ -388,7 +403,7 @@ def run_tree(
         "kernel_pss_ratio_2_to_1": round(
             summary["2"]["workers_pss_mib"] / summary["1"]["workers_pss_mib"], 3
         ),
-        "tensors": residency_of(tree, artifact),
+        "tensors": residency_of(tree, artifact, kernel),
         "families": {name: residency_of(tree, str(folder)) for name, folder in families.items()},
     }
 
@@ -593,12 +608,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument(
         "--allocator", action="store_true", help="compare malloc settings (sr.worker.allocator)"
     )
+    parser.add_argument(
+        "--kernels",
+        default="auto",
+        help="this checkout's deployment kernels to measure (auto, blas, onednn; "
+        "comma-separated): packed oneDNN weights are private per replica, BLAS shares the file",
+    )
     parser.add_argument("--rounds", type=int, default=4, help="--allocator: rounds of sides")
     parser.add_argument("--residency-of", metavar="ARTIFACT", help=argparse.SUPPRESS)
+    parser.add_argument("--residency-kernel", help=argparse.SUPPRESS)
     parser.add_argument("--allocator-side", choices=ALLOCATOR_SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.residency_of:
-        print(json.dumps(weight_residency(args.residency_of)))
+        print(json.dumps(weight_residency(args.residency_of, args.residency_kernel)))
         return None
     if args.allocator_side:
         print(json.dumps(allocator_side(args.allocator_side, args.artifact)))
@@ -615,10 +637,20 @@ def main(argv: list[str] | None = None) -> dict | None:
                 run_tree(label, tree, args.artifact, args.requests, args.repeats, families)
             )
         for start in args.starts.split(","):
-            label = f"this checkout, {start}"
-            results.append(
-                run_tree(label, ROOT, args.artifact, args.requests, args.repeats, families, start)
-            )
+            for kernel in args.kernels.split(","):
+                label = f"this checkout, {start}, kernel {kernel}"
+                results.append(
+                    run_tree(
+                        label,
+                        ROOT,
+                        args.artifact,
+                        args.requests,
+                        args.repeats,
+                        families,
+                        start,
+                        None if kernel == "auto" else kernel,
+                    )
+                )
     report(results)
     result = {
         "benchmark": "memory",
@@ -627,6 +659,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "requests": args.requests,
         "repeats": args.repeats,
         "starts": args.starts.split(","),
+        "kernels": args.kernels.split(","),
         "target_ratio": TARGET_RATIO,
         "results": results,
     }

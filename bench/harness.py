@@ -104,9 +104,11 @@ class ServeProcess:
         replicas: int = 1,
         threads: int = 1,
         pythonpath: str | None = None,
+        kernel: str | None = None,
     ):
         """`pythonpath`: the tree whose `sr` serves (default this checkout's, as
-        `_pythonpath`); bench_memory passes a baseline revision's tree."""
+        `_pythonpath`); bench_memory passes a baseline revision's tree. `kernel`: the
+        deployment's `kernel` (None: left out, the host's probe picks)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / f"config-{self.port}.yaml"
@@ -114,7 +116,8 @@ class ServeProcess:
         config.write_text(
             "global:\n  model_catalog:\n    deployments:\n      primary:\n"
             f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
-            f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
+            + (f"        kernel: {kernel}\n" if kernel else "")
+            + f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
         )
         path = pythonpath or _pythonpath()
         env = {**os.environ, "PYTHONPATH": path, "VLLM_SRUN_RESULT_CACHE": "0"}
