@@ -19,6 +19,7 @@ files the families are checked against (tests/models).
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 
@@ -265,7 +266,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-class PackedEncoder:
+class PackedEncoder(abc.ABC):
     """What every family shares: the device, the kernel of its products, the cut-off
     padding, the position table. Subclasses set `hidden_size`, `device`, `dtype` and
     `kernel`, list their products' shapes in `linears()` and implement
@@ -276,9 +277,9 @@ class PackedEncoder:
     dtype: torch.dtype
     kernel: KernelChoice
 
+    @abc.abstractmethod
     def linears(self) -> list[Linear]:
         """One of each product shape the padded forward runs (a layer's and the head's)."""
-        raise NotImplementedError
 
     def calibrate(self) -> int:
         """The short-matrix cut-off (rows) of every product shape at the current thread

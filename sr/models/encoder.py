@@ -21,7 +21,7 @@ from sr.models.blocks import Packed, torch_dtype
 from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.dense import DenseStack
 from sr.models.families import family_for
-from sr.models.linear import choose_kernel
+from sr.models.linear import choose_kernel, for_model
 from sr.models.pooling import pool
 
 
@@ -267,9 +267,9 @@ def load_model(
     target = torch_device(device)
     precision = torch_dtype(dtype)
     weights = load_file(str(folder / "model.safetensors"), device="cpu")
-    backbone = family(
-        layout.config, weights, target, precision, choose_kernel(target, precision, kernel)
-    )
+    host = choose_kernel(target, precision, kernel)
+    chosen = for_model(host, int(layout.config.get("hidden_size", 0)), kernel)
+    backbone = family(layout.config, weights, target, precision, chosen)
     model = EncoderModel(folder, layout, backbone, load_tokenizer(folder), target, kernel)
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
     return model

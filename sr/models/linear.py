@@ -10,6 +10,8 @@ Rules:
   force (thread shadows compare counts bit for bit). Otherwise BLAS (`F.linear`), with the
   reason; the choice and its reason go to the worker's card. `kernel="blas"` forces BLAS
   (tests, and hosts where packing is unwanted); it is a parameter, never the environment.
+* A model whose hidden size is under MIN_ONEDNN_HIDDEN gets BLAS (`for_model`) unless
+  oneDNN is asked for by name: its products are too small to pay oneDNN's per-call cost.
 * A product of several weights joined along the outputs (q/k/v, GeGLU's or SwiGLU's two
   inputs) is one product of the joined weight on oneDNN (1.5x three products at 10 rows)
   and one product per part, joined, on BLAS (faster on MKL; the parts stay as stored).
@@ -57,6 +59,24 @@ class KernelChoice:
 
 _lock = threading.Lock()
 _choices: dict[tuple[str, torch.dtype], KernelChoice] = {}
+
+
+# oneDNN's entry point costs ~20 us per call where F.linear costs ~5: below this hidden size a
+# model's products are too small for the packed kernel to pay for it. Measured at 1 thread
+# (hidden -> 4 x hidden, 10 and 120 rows, BLAS time / oneDNN time): hidden 32 0.22-0.55x,
+# 64 0.60-0.75x, 128 0.76-1.11x, 192 1.11-1.19x, 256 1.16-1.32x, 384 1.16-1.66x.
+MIN_ONEDNN_HIDDEN = 192
+
+
+def for_model(choice: KernelChoice, hidden_size: int, asked: str | None) -> KernelChoice:
+    """The host's choice for one model: BLAS for models too small for oneDNN to pay,
+    unless oneDNN was asked for by name."""
+    if choice.linear == ONEDNN and asked is None and hidden_size < MIN_ONEDNN_HIDDEN:
+        return KernelChoice(
+            BLAS, f"F.linear: hidden size {hidden_size} is under {MIN_ONEDNN_HIDDEN}, where "
+            "oneDNN's per-call cost outweighs its faster products",
+        )  # fmt: skip
+    return choice
 
 
 def choose_kernel(

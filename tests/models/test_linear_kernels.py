@@ -80,8 +80,22 @@ def test_a_failing_onednn_means_blas(fresh_choices, monkeypatch):
 
 def test_the_model_reports_its_kernel(tiny_model_dir):
     assert load_model(tiny_model_dir, kernel="blas").kernel_card["linear"] == BLAS
+    # the tiny model (hidden 32) is too small for oneDNN to pay for its per-call cost
     served = load_model(tiny_model_dir).kernel_card
-    assert served["linear"] == (ONEDNN if onednn_here else BLAS)
+    assert served["linear"] == BLAS
+    if onednn_here:
+        assert "hidden size 32" in served["reason"]
+        assert load_model(tiny_model_dir, kernel="onednn").kernel_card["linear"] == ONEDNN
+
+
+def test_models_too_small_for_onednn_get_blas_unless_it_is_asked_for():
+    packed = linear.KernelChoice(ONEDNN, "probed")
+    small, large = linear.MIN_ONEDNN_HIDDEN - 1, linear.MIN_ONEDNN_HIDDEN
+    assert linear.for_model(packed, small, None).linear == BLAS
+    assert linear.for_model(packed, large, None) is packed
+    assert linear.for_model(packed, small, "onednn") is packed
+    blas = linear.KernelChoice(BLAS, "probed")
+    assert linear.for_model(blas, large, None) is blas
 
 
 # -- what a Linear computes ------------------------------------------------------------------
@@ -203,7 +217,7 @@ def _forwards(model, rows):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packed_kernel_rows_alone_and_packed_and_at_1_and_2_threads(family, tmp_path):
     folder = write_reference(tmp_path, FAMILIES[family](), head=True)
-    model = load_model(folder)
+    model = load_model(folder, kernel="onednn")  # tiny: `auto` would pick BLAS
     assert model.kernel_card["linear"] == ONEDNN
     rows = random_rows(LENGTHS)
     by_threads = {}
