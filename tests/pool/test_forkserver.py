@@ -12,39 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import trio
 
-from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.pool import forked, open_router
 from sr.pool import replica as replica_module
+from tests.pool.test_pool_e2e import embed, rows, tiny_config, wait_until
 from tests.serve_process import ServeProcess, pid_alive, serve_config, wait_gone
 
 pytestmark = pytest.mark.e2e
-
-
-def tiny_config(model_dir, n: int) -> SrConfig:
-    cfg = SrConfig()
-    cfg.deployments["tiny"] = Deployment(
-        artifact=str(model_dir), replicas=[Replica(device="cpu")] * n
-    )
-    return cfg
-
-
-def rows(core):
-    return core.inventory()["deployments"]["tiny"]["replicas"]
-
-
-async def wait_until(predicate, timeout_s: float) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.05)
-
-
-async def embed(core) -> str:
-    reply = await core.request_raw("tiny", "/v1/embeddings", b'{"input": "hello"}', timeout_s=10)
-    assert reply.status == 200, reply.body
-    return reply.replica_id
 
 
 def parent_of(pid: int) -> int:
