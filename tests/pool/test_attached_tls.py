@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import trio
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.pool import open_router
 from sr.pool.state import ReplicaState
+from tests.worker.test_http_e2e import stop
 
 pytestmark = [
     pytest.mark.e2e,
@@ -98,18 +98,13 @@ def keyed_worker(tiny_model_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "sr", "worker", *argv],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # nobody reads it while the module's tests run
         text=True,
     )
     try:
         yield json.loads(proc.stdout.readline())["port"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop(proc)
 
 
 @pytest.fixture

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
+from test_http_e2e import start_worker, stop
 
 from sr.errors import UsageError
 from sr.worker.auth import (
@@ -98,16 +98,6 @@ def test_the_check_opens_only_the_probes():
     assert not check.allows("/metrics", []) and not check.allows("/health/", [])
 
 
-def _worker(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "sr", "worker", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-        text=True,
-    )
-
-
 def test_a_worker_off_loopback_without_a_key_exits_2_with_one_line():
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     argv = ["--artifact", "x", "--host", "0.0.0.0", "--port", "0"]
@@ -125,7 +115,7 @@ def test_a_worker_off_loopback_without_a_key_exits_2_with_one_line():
 
 @pytest.mark.e2e
 def test_a_keyed_worker_answers_401_without_the_key(tiny_model_dir):
-    proc = _worker(
+    proc = start_worker(
         ["--artifact", str(tiny_model_dir), "--host", "127.0.0.2", "--port", "0"],
         env={ENV_VAR: KEY},
     )
@@ -158,10 +148,5 @@ def test_a_keyed_worker_answers_401_without_the_key(tiny_model_dir):
             answer = keyed.post("/v1/embeddings", json={"input": ["a", "b"]})
             assert answer.status_code == 200 and len(answer.json()["data"]) == 2
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop(proc)
     assert KEY not in proc.stderr.read()  # never logged
