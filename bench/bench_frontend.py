@@ -5,7 +5,7 @@
 
 No sockets and no HTTP server: this isolates what sr/router/app.py itself spends on a native
 request (header scan, body read, JSON parse and rewrite, metrics, the watch for a caller
-hanging up, the answer rewrite). Two modes: as sr's server serves it (the `sr.hang_up`
+hanging up, the answer rewrite). Two modes: as sr's server serves it (the `sr.http.hang_up`
 extension registers each dispatch with the server's poller) and as any other ASGI server
 would (no extension: a watcher task in a nursery per request). Prints microseconds per
 request; writes bench/results/frontend.json.
@@ -23,7 +23,7 @@ import trio
 
 from bench.harness import print_table, write_result
 from sr.config.schema import Deployment, Replica, SrConfig
-from sr.hang_up import EXTENSION, HangUpPoller
+from sr.http.hang_up import EXTENSION, HangUpPoller
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
@@ -56,7 +56,7 @@ class _Reply:
 
 
 class InstantCore:
-    """The RouterCore surface the app uses; request_raw answers without any I/O."""
+    """The Supervisor surface the app uses; request_raw answers without any I/O."""
 
     def resolve(self, model: str) -> str:
         return "primary"
@@ -118,8 +118,8 @@ async def per_request_us(app: RouterApp, requests: int, extensions: dict | None)
 
 
 def served_extensions() -> dict:
-    """The `sr.hang_up` extension as sr.h1_asgi offers it: each dispatch is registered with
-    the server's poller (not running here: no sockets, so nothing to poll)."""
+    """The `sr.hang_up` extension as sr.http.asgi_adapter offers it: each dispatch is registered
+    with the server's poller (not running here: no sockets, so nothing to poll)."""
     poller = HangUpPoller()
 
     def watch(scope: trio.CancelScope):
@@ -141,7 +141,7 @@ def summarize(samples: list[float]) -> dict:
 def run(requests: int) -> dict:
     """Alternate the two modes in blocks so host noise hits both alike."""
     modes = {
-        "as served (sr.hang_up extension)": served_extensions,
+        "as served (sr.http.hang_up extension)": served_extensions,
         "other ASGI servers (watcher task per request)": lambda: None,
     }
     samples: dict[str, list[float]] = {name: [] for name in modes}

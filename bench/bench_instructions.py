@@ -7,7 +7,7 @@ run to run (bench/bench_revisions.py's per-pair ratios), so a change of a few pe
 the server's cost cannot be seen in time. Instructions executed are nearly deterministic:
 valgrind's callgrind counts them (user space only; time in the kernel is not counted).
 
-What runs: sr.h1_server with a handler that answers at once, as the worker serves
+What runs: sr.http.server with a handler that answers at once, as the worker serves
 `/health`, on a Unix socket in this process (the one traced), and a client in a separate,
 untraced process that sends one request, reads its answer, and sends the next
 (concurrency 1, so every request's read has to wait, as a pool's health probe does).
@@ -48,7 +48,7 @@ def _serve(tree: str, requests: int, path: str) -> None:
     sys.path.insert(0, tree)
     import trio
 
-    from sr.h1_server import H1Server, open_listeners
+    from sr.http.server import H1Server, open_listeners
 
     async def handler(method: str, target: str, body: bytes, *headers):  # either tree's form
         return 200, [(b"content-type", b"application/json")], b'{"status":"ok"}'

@@ -6,7 +6,7 @@ Starts `sr serve` with one CPU worker of a tiny BERT (generated unless --artifac
 result cache off and a unique input per request (so neither router nor worker caches answer),
 then drives the same /v1/embeddings load through the router (loopback TCP) and directly to
 its worker (the worker's Unix socket), alternating the two in rounds at each concurrency so
-that host noise hits both alike. The load generator is sr.pool.http1 for both paths. The
+that host noise hits both alike. The load generator is sr.http.client for both paths. The
 router's overhead is the difference of the percentiles; targets at concurrency 1: p50 <=
 0.6 ms, p99 <= 2 ms. Also reports the router process's CPU time per request.
 """

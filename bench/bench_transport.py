@@ -1,11 +1,11 @@
-"""Router-to-worker client: sr.pool.http1 (h11 over trio) against httpx, same worker.
+"""Router-to-worker client: sr.http.client (h11 over trio) against httpx, same worker.
 
     python -m bench.bench_transport [--rounds 20] [--per-round 100] [--baseline REV]
 
 One `sr worker` (tiny BERT, so the model costs little) on a Unix socket; both clients send
 POST /v1/embeddings at concurrency 1 in alternating rounds, so host noise hits both alike.
 Reports latency percentiles and the client's own CPU time per request (this process's CPU
-clock), which is what the router pays per hop. `--baseline REV` adds sr/pool/http1.py as
+clock), which is what the router pays per hop. `--baseline REV` adds sr/http/client.py as
 it was at git revision REV as a third client ("http1@REV"), for before/after comparisons
 under the same noise. Writes bench/results/transport.json.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import trio
 
 from bench.harness import WorkerProcess, latency_summary, print_table, tiny_artifact, write_result
-from sr.pool.http1 import Http1Pool
+from sr.http.client import Http1Pool
 from sr.pool.transport import Http1Transport, HttpxTransport
 
 _counter = itertools.count()
@@ -43,12 +43,12 @@ async def one_round(transport, per_round: int, latencies: list[float]) -> float:
 
 
 def pool_class_at(revision: str) -> type:
-    """`Http1Pool` from sr/pool/http1.py as committed at `revision`."""
+    """`Http1Pool` from sr/http/client.py as committed at `revision`."""
     source = subprocess.run(
-        ["git", "show", f"{revision}:sr/pool/http1.py"], capture_output=True, check=True
+        ["git", "show", f"{revision}:sr/http/client.py"], capture_output=True, check=True
     ).stdout
     module = types.ModuleType(f"http1_at_{revision}")
-    exec(compile(source, f"sr/pool/http1.py@{revision}", "exec"), module.__dict__)
+    exec(compile(source, f"sr/http/client.py@{revision}", "exec"), module.__dict__)
     return module.Http1Pool
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=100)
-    parser.add_argument("--baseline", help="git revision of sr/pool/http1.py to compare")
+    parser.add_argument("--baseline", help="git revision of sr/http/client.py to compare")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sr-bench-") as tmp:
         artifact = tiny_artifact(Path(tmp))

@@ -114,7 +114,7 @@ def st_round(model, texts: list[str]) -> tuple[float, list]:
 
 async def interleave(sock: str, model, rounds: int) -> dict:
     """Alternate the two sides round by round so host noise lands on both alike."""
-    # The cheap sr.pool.http1 client (as bench_serve_st uses): httpx's per-request cost
+    # The cheap sr.http.client client (as bench_serve_st uses): httpx's per-request cost
     # would take the shared CPUs from the worker and land on the worker side only.
     client = http_client(sock)
     try:

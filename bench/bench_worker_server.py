@@ -2,10 +2,10 @@
 
     python -m bench.bench_worker_server [--rounds 6] [--per-round 300]
 
-Two worker processes on Unix sockets serve one tiny BERT: `sr worker` (served by sr.h1_server)
+Two worker processes on Unix sockets serve one tiny BERT: `sr worker` (served by sr.http.server)
 and a copy of the worker served by hypercorn through a plain ASGI adapter, as the worker was
 served until the h11 server replaced it (kept here so the comparison can be rerun). Requests
-go through `sr.pool.http1` (the router's client) at concurrency 1 and 32, for GET /health and
+go through `sr.http.client` (the router's client) at concurrency 1 and 32, for GET /health and
 POST /v1/embeddings; the two servers alternate round by round. Reports the worker process's
 CPU per request (/proc utime+stime), latency percentiles and throughput.
 Writes bench/results/worker_server.json.
@@ -41,8 +41,8 @@ SERVERS = ("hypercorn", "h1")
 def _asgi_app(service):
     """The worker's ASGI face as it was under hypercorn (sr/worker/http.py before the h11
     server)."""
-    from sr.asgi import ClientDisconnected, read_body, request_headers, serve_lifespan
     from sr.errors import RequestError
+    from sr.http.asgi import ClientDisconnected, read_body, request_headers, serve_lifespan
     from sr.worker.service import JSON_HEADERS
     from sr.worker.validation import MAX_BODY_BYTES
 

@@ -253,9 +253,9 @@ def unique_text(prefix: str = "bench") -> str:
 
 
 def http_client(target: str):
-    """A load-generator client: sr.pool.http1 (cheap per request, so the client takes less
+    """A load-generator client: sr.http.client (cheap per request, so the client takes less
     of the shared CPUs than httpx would). `target` is a socket path or http://host:port."""
-    from sr.pool.http1 import Http1Pool
+    from sr.http.client import Http1Pool
 
     if target.startswith("http://"):
         host, port = target.removeprefix("http://").rsplit(":", 1)

@@ -388,7 +388,7 @@ def _worker_server_section(result: dict) -> str:
     return (
         "## Worker HTTP server (`bench_worker_server`)\n\nThe same tiny-BERT worker served "
         "by hypercorn (through a plain ASGI adapter, as before the swap) and by `sr worker` "
-        "(sr.h1_server), on Unix sockets, called through the router's client; the two servers "
+        "(sr.http.server), on Unix sockets, called through the router's client; the two servers "
         f"alternate in {result['rounds']} rounds. Worker CPU is the worker process's "
         "utime+stime per request.\n\n"
         + _table(

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _LAZY = {
-    "open_router": "sr.pool.core",
-    "RouterCore": "sr.pool.core",
+    "open_router": "sr.pool.supervisor",
+    "Supervisor": "sr.pool.supervisor",
     "serve": "sr.router.serve",
     "ServingRouter": "sr.router.serve",
     "Classification": "sr.api",
@@ -38,8 +38,8 @@ __all__ = [
     "Question",
     "RerankResult",
     "Reranking",
-    "RouterCore",
     "ServingRouter",
+    "Supervisor",
     "Usage",
     "__version__",
     "open_router",
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
         RerankResult,
         Usage,
     )
-    from sr.pool.core import RouterCore, open_router
+    from sr.pool.supervisor import Supervisor, open_router
     from sr.router.serve import ServingRouter, serve
 else:
     # Hidden from type checkers: a module __getattr__ would make every misspelt name

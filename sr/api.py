@@ -1,6 +1,6 @@
-"""The typed Python API's results: what RouterCore's helpers give back (docs/python-api.md).
+"""The typed Python API's results: what Supervisor's helpers give back (docs/python-api.md).
 
-`router.embed`, `router.classify`, `router.decide` and `router.rerank` (sr.pool.core)
+`router.embed`, `router.classify`, `router.decide` and `router.rerank` (sr.pool.supervisor)
 answer with these frozen attrs classes; sr.api_codec builds the bodies and reads the
 workers' answers into them. The rules:
 

@@ -1,4 +1,4 @@
-"""The typed Python API (sr.api, RouterCore's helpers, sr/__init__.py's lazy exports).
+"""The typed Python API (sr.api, Supervisor's helpers, sr/__init__.py's lazy exports).
 
 The helpers are checked against the native routes' own answers on a real in-process router
 (the embedded MiniLM, tiny classifier and cross-encoder checkpoints), errors against the
@@ -38,7 +38,7 @@ from sr.errors import (
     WorkerFailed,
 )
 from sr.models.testing import write_tiny_bert
-from sr.pool.core import RouterCore
+from sr.pool.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/embed_in_trio_app.py"
@@ -48,7 +48,7 @@ LONG = "word " * 400  # over the default input.max_tokens (256)
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path, **artifacts: str) -> AsyncIterator[RouterCore]:
+async def serving(tmp_path: Path, **artifacts: str) -> AsyncIterator[Supervisor]:
     config = SrConfig()
     for name, artifact in artifacts.items():
         config.deployments[name] = Deployment(artifact=artifact, replicas=[Replica(device="cpu")])

@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from sr import serve_cli
 from sr.config.load import dump_config, parse_config
 from sr.config.schema import default_config
 from sr.errors import ConfigIssue
+from sr.router import serve_cli
 
 CPU_HOST = {"SR_GPU_INVENTORY": ""}
 ROCM_HOST = {"SR_GPU_INVENTORY": "rocm:0,1"}

@@ -7,16 +7,16 @@ I/O: `transport`, `worker_access` (keys, CA bundles), `replica` (one task per re
 """
 
 from sr.errors import ReloadFailed, StartupFailed
-from sr.pool.core import RouterCore, open_router
 from sr.pool.deployment import Reply
 from sr.pool.discovery import DnsResolver, Resolver
+from sr.pool.supervisor import Supervisor, open_router
 
 __all__ = [
     "DnsResolver",
     "ReloadFailed",
     "Reply",
     "Resolver",
-    "RouterCore",
     "StartupFailed",
+    "Supervisor",
     "open_router",
 ]

@@ -44,7 +44,7 @@ from sr.pool.state import ReplicaState
 
 S = ReplicaState
 RESOLVE_TIMEOUT_S = 5.0
-# How often a joining runner's state is looked at (the reload's own cadence, sr.pool.core).
+# How often a joining runner's state is looked at (the reload's own cadence, sr.pool.supervisor).
 JOIN_POLL_S = 0.05
 
 

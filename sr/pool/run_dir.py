@@ -18,7 +18,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from sr.private_folder import ensure_private_folder
+from sr.http.private_folder import ensure_private_folder
 
 PREFIX = "sr-"
 LOCK_NAME = "router.lock"

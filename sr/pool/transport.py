@@ -1,6 +1,6 @@
 """How the pool talks to one worker: a small interface with two implementations.
 
-* `HttpTransport` — HTTP/1.1 (sr.pool.http1, a strict client over trio) over a Unix
+* `HttpTransport` — HTTP/1.1 (sr.http.client, a strict client over trio) over a Unix
   socket (managed workers) or to a base URL (attached workers), kept-alive connections per
   replica. `HttpxTransport` is the same over httpx, kept for benchmarks: docs/benchmarks.md
   measures both on the router-to-worker hop.
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from sr.pool.http1 import Http1Error, Http1Pool
+from sr.http.client import Http1Error, Http1Pool
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -35,7 +35,7 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """Managed workers (`uds`): sr.pool.http1. Attached workers (`base_url`, which may be
+    """Managed workers (`uds`): sr.http.client. Attached workers (`base_url`, which may be
     https): httpx, whose TLS support the small client does not have. `api_key` is sent as
     `Authorization: Bearer` on every exchange; `ssl_context` verifies https workers (None:
     httpx's default, the certifi bundle); `tls_server_name`, when given, is the name the

@@ -10,7 +10,7 @@ Rules:
   Without it, https workers are verified against httpx's default bundle (certifi);
 * managed workers (a private Unix socket) need neither;
 * `fingerprint` changes when the key or the CA bundle's bytes change: a reload that
-  changes either replaces the replicas reached this way (sr.pool.core), so a new key or a
+  changes either replaces the replicas reached this way (sr.pool.supervisor), so a new key or a
   renewed CA takes effect; it is a digest, never the key.
 """
 

@@ -1,14 +1,14 @@
 """The router's HTTP front end: one plain ASGI callable (SPEC section 8).
 
 Native routes parse the JSON body once, check `model`, pick the deployment, and hand the
-bytes to the pool (`RouterCore.request_raw`) with `model` set to the artifact. The pool's
+bytes to the pool (`Supervisor.request_raw`) with `model` set to the artifact. The pool's
 typed errors become the wire errors of `sr.errors`; a worker's own 4xx passes through.
 TEI's routes (sr.router.tei) take the same path through another front (sr.router.front):
 only the body they read and the shapes they answer in differ.
 Everything else here is a small read-only view (health, readiness, inventory, metrics,
 the OpenAPI document) or the reload trigger.
 
-Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
+Around every request (`_http`): its id (sr.http.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
 allowed origins; the access log (sr.router.logs.AccessLog, opt-in) gets one line once the
@@ -28,20 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
-from sr import __version__, request_id
-from sr.asgi import (
-    BODY_READ_TIMEOUT_S,
-    DEFAULT_MAX_BODY_BYTES,
-    ClientDisconnected,
-    Receive,
-    Send,
-    read_body,
-    request_headers,
-    send_error,
-    send_json,
-    send_response,
-    serve_lifespan,
-)
+from sr import __version__
 from sr.config.schema import SrConfig
 from sr.errors import (
     Forbidden,
@@ -54,7 +41,21 @@ from sr.errors import (
     RequestError,
     Unavailable,
 )
-from sr.hang_up import EXTENSION as HANG_UP_EXTENSION
+from sr.http import request_id
+from sr.http.asgi import (
+    BODY_READ_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    ClientDisconnected,
+    Receive,
+    Send,
+    read_body,
+    request_headers,
+    send_error,
+    send_json,
+    send_response,
+    serve_lifespan,
+)
+from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
 from sr.router import inventory_view, tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
@@ -93,8 +94,8 @@ class Reply(Protocol):
     replica_id: str
 
 
-class RouterCoreLike(Protocol):
-    """The part of sr.pool's RouterCore the front end uses."""
+class SupervisorLike(Protocol):
+    """The part of sr.pool's Supervisor the front end uses."""
 
     def resolve(self, model: str) -> str: ...
     async def request_raw(
@@ -125,7 +126,7 @@ def parse_timeout_header(value: bytes | None) -> float | None:
 class RouterApp:
     def __init__(
         self,
-        core: RouterCoreLike,
+        core: SupervisorLike,
         config: SrConfig,
         *,
         metrics: RouterMetrics,
@@ -366,7 +367,7 @@ class RouterApp:
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
         None when it was. Under sr's server the hang-up is noticed by its poller (the
-        `sr.hang_up` extension, sr.hang_up); elsewhere by a watcher task."""
+        `sr.hang_up` extension, sr.http.hang_up); elsewhere by a watcher task."""
         hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
         if hang_up is None:
             return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)

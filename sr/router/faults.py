@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from sr.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -32,6 +31,7 @@ from sr.errors import (
     Unavailable,
     WorkerFailed,
 )
+from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.worker.faults import MAX_SLOW_MS, MODES
 
 FAULTS_PATH = "/api/v1/faults"
@@ -97,7 +97,7 @@ class _Transport(Protocol):
 def locate_replica(core: Any, deployment: str, replica: str | int) -> tuple[str, Any]:
     """(replica id, runner) of a published replica of `deployment`, by id or index.
 
-    `core` is a RouterCore: `pools[name].runners` maps replica ids, in declared order, to
+    `core` is a Supervisor: `pools[name].runners` maps replica ids, in declared order, to
     the ReplicaRunner that owns the worker (`transport`, `record.pid`)."""
     pool = core.pools.get(deployment)
     if pool is None:

@@ -7,7 +7,8 @@ Rules:
 * Every record is first one structured line (`line_of`): an event's own line (sr.events),
   a relayed worker line (sr.pool.worker_log), or a plain record wrapped as `{"ts", "event":
   "log", "level", "logger", "message"}`, plus `request_id` when the record was logged
-  while a request was being answered (sr.request_id). A process's context (a worker's deployment,
+  while a request was being answered (sr.http.request_id). A process's context (a worker's
+  deployment,
   replica and pid) is merged in right after "event", never over a field of the line.
 * json: that line as one compact JSON object per line.
 * text: `<UTC time> <LEVEL> <source>: <what happened>`, one line per record. Only a
@@ -31,7 +32,7 @@ from typing import Any, TextIO
 
 from sr.errors import UsageError
 from sr.events import LINE_ATTR, WORKER_ATTR
-from sr.request_id import current as current_request_id
+from sr.http.request_id import current as current_request_id
 
 LOG_FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "SR_LOG_FORMAT"

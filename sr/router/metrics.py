@@ -43,7 +43,7 @@ from sr.worker import timing
 
 if TYPE_CHECKING:
     from sr.config.schema import Deployment
-    from sr.pool.core import ReplicaScrape
+    from sr.pool.supervisor import ReplicaScrape
 
 METRICS_CONTENT_TYPE = exposition.CONTENT_TYPE
 LATENCY_BUCKETS_S = (
@@ -254,7 +254,7 @@ class RouterMetrics:
             self.readmissions.labels(*labels).inc()
 
     def render(self, replica_scrapes: Sequence[ReplicaScrape] = ()) -> bytes:
-        """The text; `replica_scrapes` (RouterCore.replica_metrics) give the per-replica
+        """The text; `replica_scrapes` (Supervisor.replica_metrics) give the per-replica
         batch series. Setting them and rendering is one synchronous step, so concurrent
         scrapes never see each other's."""
         self._replicas.scrapes = replica_scrapes

@@ -1,6 +1,6 @@
 """Each replica's batch metrics at the router's /metrics, labelled deployment and replica.
 
-Pulled, not pushed: when the router is scraped, `RouterCore.replica_metrics` asks every
+Pulled, not pushed: when the router is scraped, `Supervisor.replica_metrics` asks every
 replica with a connection for its GET /metrics over the pool's own worker transport, in
 parallel, each bounded by REPLICA_SCRAPE_TIMEOUT_S; this collector re-emits the families
 below under router names. Pulling keeps the worker passive (no timer, no socket to the
@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the router's front end does not import the pool at run time
-    from sr.pool.core import ReplicaScrape
+    from sr.pool.supervisor import ReplicaScrape
 
 REPLICA_SCRAPE_TIMEOUT_S = 1.0
 RENAMED = {

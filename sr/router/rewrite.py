@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from sr.errors import InvalidRequest
-from sr.jsonbody import dump_json, parse_json_object
+from sr.http.jsonbody import dump_json, parse_json_object
 
 
 def parse_native_body(raw: bytes) -> tuple[dict[str, Any], str]:

@@ -29,9 +29,9 @@ import trio
 from sr.config.schema import Listener, SrConfig
 from sr.errors import ConfigError, RequestError, SrError, StartupFailed, UsageError
 from sr.events import EventSink
-from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, open_listeners
-from sr.http_limits import HttpLimits
+from sr.http.asgi_adapter import AsgiAdapter
+from sr.http.limits import HttpLimits
+from sr.http.server import H1Server, open_listeners
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache, result_cache_entries_from_env
 from sr.router.logs import AccessLog, configure_logging, resolve_log_format
@@ -41,7 +41,7 @@ from sr.router.startup import StartupProgress, replica_counts
 from sr.thread_budget import adaptive_mode
 
 if TYPE_CHECKING:  # imported when serving: sr.pool is not loaded by importing this module
-    from sr.pool.core import RouterCore
+    from sr.pool.supervisor import Supervisor
 
 # In-flight HTTP requests get this long to finish after shutdown() before they are cut.
 HTTP_GRACE_S = 10.0
@@ -52,7 +52,7 @@ class ServingRouter:
     """What `nursery.start(serve, config)` returns: the listening URL and the live pool."""
 
     url: str
-    core: RouterCore  # typed helpers: embed, classify, decide, rerank (docs/python-api.md)
+    core: Supervisor  # typed helpers: embed, classify, decide, rerank (docs/python-api.md)
     app: RouterApp
     reloader: ConfigReloader | None
     _stop: trio.Event = attrs.field(factory=trio.Event, alias="stop")
@@ -62,8 +62,8 @@ class ServingRouter:
         self._stop.set()
 
 
-# The front door's HTTP limits (sr.http_limits; docs/security.md). The app reads bodies
-# itself (sr.asgi.read_body) with the same body cap and timeout.
+# The front door's HTTP limits (sr.http.limits; docs/security.md). The app reads bodies
+# itself (sr.http.asgi.read_body) with the same body cap and timeout.
 ROUTER_HTTP_LIMITS = HttpLimits(graceful_timeout_s=HTTP_GRACE_S)
 
 
@@ -96,7 +96,7 @@ async def serve(
     cache = ResultCache(result_cache_entries_from_env())
     adaptive_mode(os.environ)
     if threads is None and not in_process:
-        from sr.pool.core import default_worker_threads
+        from sr.pool.supervisor import default_worker_threads
 
         threads = default_worker_threads()
     if ready_timeout_s is None:

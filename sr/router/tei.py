@@ -46,9 +46,9 @@ from urllib.parse import parse_qs
 import attrs
 
 from sr.errors import InvalidRequest, RequestError
-from sr.jsonbody import dump_json, json_kind, parse_json_object
+from sr.http.jsonbody import dump_json, json_kind, parse_json_object
+from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
-from sr.request_id import current as current_request_id
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"

@@ -1,5 +1,5 @@
 """The worker's HTTP face: `WorkerService.handle` served by sr's HTTP/1.1 server
-(sr.h1_server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
+(sr.http.server, no ASGI) under Trio on a Unix socket (private folder) or loopback TCP."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import trio
 
-from sr import request_id
 from sr.errors import UsageError
-from sr.h1_server import H1Server, open_listeners
-from sr.http_limits import HttpLimits
-from sr.private_folder import ensure_private_folder
+from sr.http import request_id
+from sr.http.limits import HttpLimits
+from sr.http.private_folder import ensure_private_folder
+from sr.http.server import H1Server, open_listeners
 from sr.worker.auth import WorkerKeyCheck, unauthorized
 from sr.worker.service import WorkerService
 

@@ -3,7 +3,7 @@
 States: starting -> loading -> warming -> ready, or -> failed with a reason (artifact not
 found, device not available, golden check failed, load error). `handle` answers at once in
 every state, so `/health` tells the pool what is going on while the model loads. The HTTP
-server (sr.worker.http over sr.worker.h1_server) and in-process replicas (sr.pool) both call
+server (sr.worker.http over sr.http.server) and in-process replicas (sr.pool) both call
 `handle`.
 """
 
@@ -30,7 +30,7 @@ from sr.errors import (
     Unavailable,
 )
 from sr.events import EventSink
-from sr.request_id import current as current_request_id
+from sr.http.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
 from sr.worker.engine import Engine
@@ -247,7 +247,7 @@ class WorkerService:
     async def handle(
         self, method: str, path: str, body: bytes, request_id: str | None = None
     ) -> Response:
-        """Answer one request. `request_id` (the router's, sr.request_id) is current while
+        """Answer one request. `request_id` (the router's, sr.http.request_id) is current while
         it is answered, so its error body and log lines carry it."""
         if request_id is None:
             return await self._handle(method, path, body)

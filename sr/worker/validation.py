@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sr.errors import InvalidRequest, RequestTooLarge
-from sr.http_limits import MAX_BODY_BYTES
-from sr.jsonbody import json_kind, parse_json_object
+from sr.http.jsonbody import json_kind, parse_json_object
+from sr.http.limits import MAX_BODY_BYTES
 
 MAX_INPUTS = 2048
 MAX_INPUT_CHARS = 100_000

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_config_roundtrip import configs
 
-from sr import serve_cli
 from sr.config.load import dump_config, parse_config, validate
 from sr.config.schema import DTYPES, Deployment, Replica, default_config
 from sr.errors import ConfigError
 from sr.pool.replica import worker_argv
+from sr.router import serve_cli
 from sr.worker.cli import parse_args
 
 PATH = "global.model_catalog.deployments.primary"

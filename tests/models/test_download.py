@@ -24,13 +24,13 @@ import torch
 import yaml
 from hub_server import HubRepo, HubServer, commit_id, read_folder
 
-from sr import serve_cli
 from sr.config.load import dump_config, parse_config
 from sr.errors import ArtifactNotFound
 from sr.models import load_model
 from sr.models.artifacts import resolve_artifact
 from sr.models.download import DownloadFailed, download_artifact, download_missing
 from sr.models.testing import write_tiny_bert
+from sr.router import serve_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CPU_HOST = {"SR_GPU_INVENTORY": ""}
@@ -435,7 +435,7 @@ def test_huggingface_hub_is_imported_only_for_a_download(tmp_path, tiny_model_di
         "stub = types.ModuleType('sr.router.serve')\n"
         "stub.run_sr_serve = lambda config, **kw: 0\n"
         "sys.modules['sr.router.serve'] = stub\n"
-        "from sr import serve_cli\n"
+        "from sr.router import serve_cli\n"
         "for extra in ([], ['--download']):\n"
         "    assert serve_cli.main([*extra, '--config', sys.argv[1]], env={}) == 0\n"
         "    print(extra, 'huggingface_hub' in sys.modules)\n"

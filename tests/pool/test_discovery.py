@@ -1,4 +1,4 @@
-"""Discovered fleets (sr.pool.discovery) through RouterCore, under a mock clock: fake
+"""Discovered fleets (sr.pool.discovery) through Supervisor, under a mock clock: fake
 attached workers in process, a resolver the test controls."""
 
 from __future__ import annotations

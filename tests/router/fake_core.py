@@ -1,4 +1,4 @@
-"""A fake RouterCore: the pool interface the front end uses, with scripted answers."""
+"""A fake Supervisor: the pool interface the front end uses, with scripted answers."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class FakeRouterCore:
         return {"deployments": deployments}
 
     async def replica_metrics(self, timeout_s: float) -> list:
-        """The scripted scrapes (sr.pool.core.ReplicaScrape values); none by default."""
+        """The scripted scrapes (sr.pool.supervisor.ReplicaScrape values); none by default."""
         self.scrape_timeouts.append(timeout_s)
         return list(self.replica_scrapes)
 

@@ -1,4 +1,4 @@
-"""One sr.h1_server on a free loopback port, for tests that talk to it over real sockets."""
+"""One sr.http.server on a free loopback port, for tests that talk to it over real sockets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from sr.h1_server import H1Server, open_listeners
+from sr.http.server import H1Server, open_listeners
 
 
 @asynccontextmanager

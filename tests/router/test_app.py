@@ -1,4 +1,4 @@
-"""The front end against a fake RouterCore: routing, errors, auth, deadlines, cache."""
+"""The front end against a fake Supervisor: routing, errors, auth, deadlines, cache."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The caller-hang-up watch through the server's `sr.hang_up` extension (sr.hang_up)."""
+"""The caller-hang-up watch through the server's `sr.hang_up` extension (sr.http.hang_up)."""
 
 from __future__ import annotations
 
 import trio
 
 from sr.errors import Overloaded
-from sr.hang_up import EXTENSION
+from sr.http.hang_up import EXTENSION
 
 from .asgi_client import call
 from .test_app import CANCELED_LINE, build, raising, stalling

@@ -13,9 +13,9 @@ import h11
 import pytest
 import trio
 
-from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server
-from sr.http_limits import HttpLimits
+from sr.http.asgi_adapter import AsgiAdapter
+from sr.http.limits import HttpLimits
+from sr.http.server import H1Server
 
 from .serving import serving
 from .test_app import build

@@ -13,9 +13,9 @@ import time
 
 import trio
 
-from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server, open_listeners
-from sr.http_limits import HttpLimits
+from sr.http.asgi_adapter import AsgiAdapter
+from sr.http.limits import HttpLimits
+from sr.http.server import H1Server, open_listeners
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics

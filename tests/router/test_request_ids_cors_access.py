@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from sr import request_id
+from sr.http import request_id
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.logs import AccessLog, JsonLineFormatter

@@ -1,4 +1,4 @@
-"""RouterCore.replica_metrics over in-process workers (InProcessTransport): each connected
+"""Supervisor.replica_metrics over in-process workers (InProcessTransport): each connected
 replica's text, in parallel, bounded, and outside dispatch."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import json
 import logging
 
-from sr import request_id
+from sr.http import request_id
 from sr.router.logs import JsonLineFormatter
 from sr.worker.http import request_id_of
 

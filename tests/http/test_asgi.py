@@ -1,12 +1,12 @@
-"""sr.asgi.read_body: every body read is capped in size and in time."""
+"""sr.http.asgi.read_body: every body read is capped in size and in time."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from sr.asgi import ClientDisconnected, read_body
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestTooLarge
+from sr.http.asgi import ClientDisconnected, read_body
 
 
 def feeder(*messages):

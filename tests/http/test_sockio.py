@@ -1,4 +1,4 @@
-"""sr.sockio: reads and writes that wait (and checkpoint) only when they must."""
+"""sr.http.sockio: reads and writes that wait (and checkpoint) only when they must."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from sr import sockio
+from sr.http import sockio
 
 
 async def _pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -42,7 +42,7 @@ async def _note_run(ran: list) -> None:
 
 
 async def test_a_ready_call_in_a_cancelled_scope_is_no_cancel_point():
-    # The contract the callers build on (sr.h1_server, sr.pool.http1 check themselves):
+    # The contract the callers build on (sr.http.server, sr.http.client check themselves):
     # a call that need not wait goes ahead even in a cancelled scope.
     a, b = await _pair()
     with trio.CancelScope() as scope:

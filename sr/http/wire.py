@@ -8,7 +8,7 @@ of 48 per request cycle in isolation, 70 us in the router).
 What h11 checked on the way out is checked here: the status is three digits, header names
 are tokens, header values carry no CR, LF or NUL (no header injection), and the server
 alone frames the answer (Content-Length, Connection; which answers have a length is
-sr.h1_framing's). Every answer carries a `Date` (RFC 9110 section 6.6.1: an origin server
+sr.http.framing's). Every answer carries a `Date` (RFC 9110 section 6.6.1: an origin server
 with a clock MUST send it), formatted once a second.
 """
 

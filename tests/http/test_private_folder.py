@@ -1,4 +1,5 @@
-"""sr.private_folder and its users: socket folders are private, existing ones never chmodded."""
+"""sr.http.private_folder and its users: socket folders are private, existing ones never
+chmodded."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 
 from sr.config.schema import default_config
 from sr.errors import UsageError
+from sr.http.private_folder import ensure_private_folder
 from sr.pool import open_router
-from sr.private_folder import ensure_private_folder
 
 
 def mode(path) -> int:

@@ -1,4 +1,4 @@
-"""RouterApp served by sr.h1_server through sr.h1_asgi, over real loopback sockets."""
+"""RouterApp served by sr.http.server through sr.http.asgi_adapter, over real loopback sockets."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from contextlib import asynccontextmanager
 import h11
 import trio
 
-from sr.h1_asgi import AsgiAdapter
-from sr.h1_server import H1Server
-from sr.http_limits import HttpLimits
+from sr.http.asgi_adapter import AsgiAdapter
+from sr.http.limits import HttpLimits
+from sr.http.server import H1Server
 
 from .serving import serving
 from .test_app import CANCELED_LINE, build, stalling
@@ -297,7 +297,7 @@ async def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
 
 
 async def test_an_app_waiting_in_receive_after_the_body_sees_the_caller_hang_up():
-    """Plain ASGI (no sr.hang_up extension used): receive() after the body blocks until
+    """Plain ASGI (no sr.http.hang_up extension used): receive() after the body blocks until
     the caller hangs up, then answers http.disconnect."""
     seen = []
     got_body = trio.Event()

@@ -2,7 +2,7 @@
 
 One `Http1Pool` per replica keeps idle connections alive and reuses them. It exists because
 general-purpose clients cost more per request than the hop itself (docs/benchmarks.md). It
-only ever talks to `sr.h1_server` (managed workers), whose every answer declares
+only ever talks to `sr.http.server` (managed workers), whose every answer declares
 Content-Length, so it speaks a strict subset of HTTP/1.1: the request head is built as
 bytes and written with its body in one `send_all`; the answer is a status line, header lines
 up to the blank line (at most `MAX_HEAD_BYTES`), a mandatory Content-Length and exactly that
@@ -27,7 +27,7 @@ import re
 
 import trio
 
-from sr import sockio
+from sr.http import sockio
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDLE = 32

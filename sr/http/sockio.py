@@ -12,7 +12,7 @@ What trio's streams gave that is kept: errors become `trio.BrokenResourceError` 
 broken pipe) or `trio.ClosedResourceError` (the socket was closed here). What is not: a
 read or write that need not wait is neither a scheduling point nor a cancel point, so a
 loop built only of such calls never lets other tasks run, and a call in a cancelled scope
-goes ahead when the socket is ready. Callers decide where that matters: sr.h1_server adds
+goes ahead when the socket is ready. Callers decide where that matters: sr.http.server adds
 a checkpoint to any request cycle that never waited (a pipelining caller cannot starve
 other connections) and writes no answer once the caller hung up; the hop client checks
 for cancellation before it sends a request, and always waits for its worker's answer.

@@ -1,11 +1,11 @@
-"""sr.h1_parse: llhttp's events in order, and the rules sr adds on top."""
+"""sr.http.parse: llhttp's events in order, and the rules sr adds on top."""
 
 from __future__ import annotations
 
 import pytest
 
 from sr.errors import InvalidRequest
-from sr.h1_parse import CLOSED, END, NEED_DATA, HeadersTooLarge, RequestHead, RequestParser
+from sr.http.parse import CLOSED, END, NEED_DATA, HeadersTooLarge, RequestHead, RequestParser
 
 POST = b"POST /v1/x?a=1 HTTP/1.1\r\nHost: w\r\nX-Pad:  v \t\r\nContent-Length: 5\r\n\r\nhello"
 

@@ -1,4 +1,4 @@
-"""sr.h1_server over real loopback sockets, driven by raw bytes."""
+"""sr.http.server over real loopback sockets, driven by raw bytes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import socket
 import pytest
 import trio
 
-from sr.h1_server import H1Server, open_listeners
-from sr.http_limits import HttpLimits
+from sr.http.limits import HttpLimits
+from sr.http.server import H1Server, open_listeners
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -228,7 +228,7 @@ async def test_client_gone_mid_body_costs_nothing_but_its_connection(serve):
 
 async def test_a_handler_that_finishes_after_its_caller_hung_up_is_not_answered(serve):
     # The hang-up poller cancels the connection's scope, but this handler shields itself
-    # and returns normally: its answer must still not be written (sr.sockio's writes are
+    # and returns normally: its answer must still not be written (sr.http.sockio's writes are
     # no cancel points, so the server checks).
     finished = trio.Event()
 
@@ -401,7 +401,7 @@ async def test_a_handler_header_that_would_inject_a_line_is_a_500(serve):
 
 
 async def test_a_pipelining_caller_cannot_starve_other_connections(serve):
-    """Reads and writes that need not wait are no checkpoints (sr.sockio), so a cycle that
+    """Reads and writes that need not wait are no checkpoints (sr.http.sockio), so a cycle that
     found its request already buffered yields before the next: another caller's request
     is served among the pipelined ones, not after all of them. Both connections wake in
     the same scheduler pass; without that yield the pipelining one would run to the end

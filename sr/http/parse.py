@@ -1,4 +1,4 @@
-"""HTTP/1.1 request parsing for sr.h1_server: llhttp (through httptools), as events in order.
+"""HTTP/1.1 request parsing for sr.http.server: llhttp (through httptools), as events in order.
 
 llhttp is Node.js's parser, written in C; httptools is the binding uvicorn serves with. It
 replaced h11 here because parsing was the largest cost left on a routed request's critical
@@ -13,7 +13,7 @@ h11's rules for keep-alive (HTTP/1.1 without `Connection: close`) and for a mand
 lower-case header names. Beyond llhttp's checks, a request is refused (and the connection
 closed) when its version is not HTTP/1.0 or 1.1 (505), when a header sr reads as one
 value is repeated (`Host`, `Authorization`, `X-Request-Timeout-Ms`: which copy wins
-would be a guess), when its body framing is not one sr accepts (sr.h1_framing), or when
+would be a guess), when its body framing is not one sr accepts (sr.http.framing), or when
 its target is neither origin-form (`/path?query`) nor absolute-form
 (`http://host/path`, RFC 9112 section 3.2.2: accepted, the authority ignored).
 
@@ -41,7 +41,7 @@ import attrs
 import httptools
 
 from sr.errors import InvalidRequest, RequestError, VersionNotSupported
-from sr.h1_framing import request_body_length
+from sr.http.framing import request_body_length
 
 
 class HeadersTooLarge(RequestError):
@@ -58,7 +58,7 @@ class RequestHead:
     expects_continue: bool  # `Expect: 100-continue`: the body waits for a go-ahead
     raw_path: bytes  # the target's path, still percent-encoded (absolute-form: its path)
     query: bytes  # after the "?", without it
-    body_length: int  # declared (0 without a body), or sr.h1_framing.CHUNKED
+    body_length: int  # declared (0 without a body), or sr.http.framing.CHUNKED
 
 
 class _Marker:
@@ -76,7 +76,7 @@ NEED_DATA: Final = _Marker("NEED_DATA")  # nothing parsed is waiting; read more
 CLOSED: Final = _Marker("CLOSED")  # the caller closed (or no further request can follow)
 # Headers sr reads as a single value: a repeat is refused rather than one copy picked.
 _SINGLE_VALUED = frozenset({b"host", b"authorization", b"x-request-timeout-ms"})
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # read by sr.h1_framing
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # read by sr.http.framing
 _CHECKED = _SINGLE_VALUED | _FRAMING | {b"connection", b"expect"}
 _HTTP_1_1: Final = b"1.1"
 _HTTP_1_0: Final = b"1.0"

@@ -1,6 +1,6 @@
-"""RouterCore and `open_router`: the embedding API of the pool (SPEC sections 5, 8, 9).
+"""Supervisor and `open_router`: the embedding API of the pool (SPEC sections 5, 8, 9).
 
-Supervision tree: the RouterCore nursery holds one DeploymentPool task per deployment;
+Supervision tree: the Supervisor nursery holds one DeploymentPool task per deployment;
 each pool's nursery holds one ReplicaRunner task per replica, and one DiscoveryGroup task
 per `discover` entry, which holds a ReplicaRunner per discovered address
 (sr.pool.discovery). The router-wide assignment sequence lives here, so
@@ -27,6 +27,7 @@ from sr import api, api_codec
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
 from sr.events import EventSink
+from sr.http.private_folder import ensure_private_folder
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.durations import ready_timeout_s
@@ -38,7 +39,6 @@ from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
 from sr.pool.worker_access import WorkerAccess, entry_accesses
-from sr.private_folder import ensure_private_folder
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
@@ -54,7 +54,7 @@ class ReplicaScrape:
     text: str | None
 
 
-class RouterCore:
+class Supervisor:
     def __init__(
         self,
         config: SrConfig,
@@ -572,7 +572,7 @@ async def open_router(
     worker_factory: Callable[[Any], Any] | None = None,
     resolver: Resolver | None = None,
     connect_endpoint: Callable[[str], Transport] | None = None,
-) -> AsyncIterator[RouterCore]:
+) -> AsyncIterator[Supervisor]:
     """Start and supervise every deployment's workers; leaving drains and stops them.
 
     `in_process=True` runs each managed replica as a `WorkerService` in this process;
@@ -602,7 +602,7 @@ async def open_router(
     body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
-            core = RouterCore(
+            core = Supervisor(
                 config,
                 nursery,
                 events=events,

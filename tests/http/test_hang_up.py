@@ -1,4 +1,4 @@
-"""sr.hang_up: one poller notices callers hanging up, for every watched socket."""
+"""sr.http.hang_up: one poller notices callers hanging up, for every watched socket."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import struct
 
 import trio
 
-from sr.hang_up import HangUpPoller
+from sr.http.hang_up import HangUpPoller
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:

@@ -1,4 +1,4 @@
-"""RouterCore with in-process fake workers under a mock clock: the I/O layer's rules."""
+"""Supervisor with in-process fake workers under a mock clock: the I/O layer's rules."""
 
 from __future__ import annotations
 

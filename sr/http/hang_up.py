@@ -9,7 +9,7 @@ the caller close (POLLRDHUP) or reset (POLLHUP, POLLERR). A request pays a dict 
 a hang-up is noticed up to `interval_s` later. Bytes from the caller (a pipelined request)
 are not a hang-up and are left unread.
 
-ASGI apps reach it through the `sr.hang_up` scope extension (sr.h1_asgi): `scope
+ASGI apps reach it through the `sr.http.hang_up` scope extension (sr.http.asgi_adapter): `scope
 ["extensions"]["sr.hang_up"]["watch"](cancel_scope)` cancels `cancel_scope` when the caller
 hangs up and returns the function that stops watching.
 """

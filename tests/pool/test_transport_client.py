@@ -1,4 +1,4 @@
-"""sr.pool.http1 and HttpTransport over it, against scripted servers on a Unix socket."""
+"""sr.http.client and HttpTransport over it, against scripted servers on a Unix socket."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from sr.pool.http1 import MAX_HEAD_BYTES, Http1Error, Http1Pool, parse_head
+from sr.http.client import MAX_HEAD_BYTES, Http1Error, Http1Pool, parse_head
 from sr.pool.transport import HttpTransport, TransportError
 
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
@@ -269,7 +269,7 @@ async def test_cancel_mid_answer_closes_the_connection_instead_of_pooling_it(ser
 
 
 async def test_a_request_cancelled_before_it_is_sent_never_reaches_the_worker(serve):
-    # sr.sockio's writes are no cancel points; the pool checks before sending, so a
+    # sr.http.sockio's writes are no cancel points; the pool checks before sending, so a
     # dispatch whose caller already hung up costs the worker nothing, even on a kept
     # connection whose socket is ready to write.
     server, path = await serve(keep_alive_ok)

@@ -4,18 +4,18 @@ It exists because hypercorn cost about half a millisecond of CPU per request (be
 narrative.md): on the worker that CPU competes with the model's forwards, on the router it
 was most of the hop's overhead. The worker's handler is called directly,
 `handler(method, path, body, headers)`; the router's front end is an ASGI app, served through
-`adapter=sr.h1_asgi.AsgiAdapter(app)` (streamed body, `http.disconnect` when the caller
+`adapter=sr.http.asgi_adapter.AsgiAdapter(app)` (streamed body, `http.disconnect` when the caller
 hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
-* requests parsed by llhttp (sr.h1_parse); answers written by sr.h1_wire, whole and framed
-  by sr.h1_framing; socket reads and writes by sr.sockio (a checkpoint only when waiting);
+* requests parsed by llhttp (sr.http.parse); answers written by sr.http.wire, whole and framed
+  by sr.http.framing; socket reads and writes by sr.http.sockio (a checkpoint only when waiting);
 * keep-alive, one request at a time per connection; pipelined requests are answered in
   order (what arrives early waits in the parser; while a request is served nothing more
   is read);
 * Content-Length and chunked request bodies, capped in size (413, from the declared
   length and while reading) and in time (408 when the body is not complete in time);
-* every limit of sr.http_limits.HttpLimits: a head must arrive within `head_timeout_s` of
+* every limit of sr.http.limits.HttpLimits: a head must arrive within `head_timeout_s` of
   its first byte (else 408), an idle kept-alive connection closes after
   `keep_alive_timeout_s`, an answer the caller does not read within `write_timeout_s`
   costs it the connection, and each listener holds at most `max_connections` (beyond it
@@ -23,7 +23,7 @@ Only what the router, its workers and direct callers need is here (no HTTP/2, no
 * malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
   the connection closed;
 * a caller that hangs up (or half-closes: the same on the wire) while its request is
-  served is noticed by one poller per server (sr.hang_up): the work is cancelled and
+  served is noticed by one poller per server (sr.http.hang_up): the work is cancelled and
   nothing is answered, for the worker's handler and the router's app alike;
 * graceful shutdown: stop accepting, close idle connections, let requests in flight finish
   within a grace period, then cancel what is left.
@@ -46,7 +46,6 @@ from urllib.parse import unquote_to_bytes
 
 import trio
 
-from sr import hang_up, sockio
 from sr.errors import (
     BodyReadTimeout,
     HeadReadTimeout,
@@ -55,10 +54,11 @@ from sr.errors import (
     RequestError,
     RequestTooLarge,
 )
-from sr.h1_framing import answer_framing
-from sr.h1_parse import END, NEED_DATA, RequestHead, RequestParser
-from sr.h1_wire import CONTINUE, InvalidAnswer, answer_head
-from sr.http_limits import HttpLimits
+from sr.http import hang_up, sockio
+from sr.http.framing import answer_framing
+from sr.http.limits import HttpLimits
+from sr.http.parse import END, NEED_DATA, RequestHead, RequestParser
+from sr.http.wire import CONTINUE, InvalidAnswer, answer_head
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 # (method, path, body, the request's headers: lower-case names, in arrival order)
@@ -66,7 +66,7 @@ Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Respo
 
 
 class Adapter(Protocol):
-    """What serves an app other than a plain handler (sr.h1_asgi.AsgiAdapter)."""
+    """What serves an app other than a plain handler (sr.http.asgi_adapter.AsgiAdapter)."""
 
     async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
     async def answer(self, connection: Connection, request: RequestHead, method: str,
@@ -94,7 +94,8 @@ class PeerGone(Exception):
 
 class H1Server:
     """Serves `handler(method, path, body, headers) -> (status, headers, body)`, or an app through
-    an adapter (`adapter=sr.h1_asgi.AsgiAdapter(app)`, with its lifespan), on trio listeners.
+    an adapter (`adapter=sr.http.asgi_adapter.AsgiAdapter(app)`, with its lifespan), on trio
+    listeners.
 
     `after_answer()` runs once each answer has been written (the worker's `exit` fault).
     With an adapter the app enforces its own body caps; `limits.max_body_bytes` and
@@ -286,7 +287,7 @@ class Connection:
             if not (keep_alive and self.answered and self.request_done):
                 return
             if not self.waited:
-                # The request was already buffered (pipelined): sr.sockio's reads and
+                # The request was already buffered (pipelined): sr.http.sockio's reads and
                 # writes are no checkpoints, so let other connections run before the next.
                 await trio.lowlevel.checkpoint()
             self.request_done = self.answered = self.continue_sent = self.waited = False
@@ -362,7 +363,7 @@ class Connection:
             if watched:
                 hang_ups.unwatch(self)
         if watched and self._hang_up_scope.cancel_called:
-            # A handler that returned before it noticed is not answered either: sr.sockio's
+            # A handler that returned before it noticed is not answered either: sr.http.sockio's
             # writes are no cancel points.
             raise PeerGone()
         close = self.server.stopping or not request.keep_alive
@@ -445,7 +446,7 @@ class Connection:
         method: bytes = b"",
         length: int | None = None,
     ) -> None:
-        """Write one whole answer to a `method` request, framed by sr.h1_framing: for HEAD
+        """Write one whole answer to a `method` request, framed by sr.http.framing: for HEAD
         its head only (`length` may declare the size of the body a GET would get), for
         1xx, 204 and 304 neither a length nor a body. InvalidAnswer, with nothing written,
         if the head cannot be written as given."""

@@ -1,4 +1,4 @@
-"""sr.h1_wire: the answer heads sr writes."""
+"""sr.http.wire: the answer heads sr writes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sr.h1_wire import InvalidAnswer, answer_head
+from sr.http.wire import InvalidAnswer, answer_head
 
 JSON = (b"content-type", b"application/json")
 DATE = re.compile(rb"date: ([^\r]*)\r\n")

@@ -1,7 +1,7 @@
 """Small ASGI helpers for the router's front end.
 
 The front end is a plain ASGI callable (no framework), served by sr's own HTTP/1.1 server
-(sr.h1_server through sr.h1_asgi) to keep the per-request hop lean. Every body read is
+(sr.http.server through sr.http.asgi_adapter) to keep the per-request hop lean. Every body read is
 capped in size and in time: a client that trickles its body cannot hold a connection and a
 task for ever.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
-from sr.http_limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
+from sr.http.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

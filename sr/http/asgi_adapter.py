@@ -1,7 +1,7 @@
-"""An ASGI app (the router's front end) served by sr.h1_server (`adapter=AsgiAdapter(app)`).
+"""An ASGI app (the router's front end) served by sr.http.server (`adapter=AsgiAdapter(app)`).
 
 Per request the app gets a `scope` (method, path, raw_path, query_string, lower-case
-headers, and the `sr.hang_up` extension: sr.hang_up's poller cancels a scope of the app's
+headers, and the `sr.hang_up` extension: sr.http.hang_up's poller cancels a scope of the app's
 if the caller hangs up), a `receive` that streams the body as the parser hands it over and,
 once the body is complete, waits on the socket and answers `http.disconnect` when the
 caller hangs up, and a `send` whose answer is written whole (head and body in one socket
@@ -10,7 +10,7 @@ socket while the app runs unless the app is in `receive()` for the body; a hang-
 `receive()` only waits for the socket to turn readable and peeks, so a pipelined next
 request stays in the kernel until the connection reads it.
 
-The app owns its body limits (sr.asgi.read_body); sending after the caller left is a no-op,
+The app owns its body limits (sr.http.asgi.read_body); sending after the caller left is a no-op,
 as under hypercorn. An answer given before the body was read in full closes the connection.
 A body whose framing breaks while the app reads it (a bad chunk size, trailers over the
 cap) is answered here, 400 or 431, and the app's `receive()` then says `http.disconnect`:
@@ -25,11 +25,11 @@ from typing import Any
 
 import trio
 
-from sr import hang_up
 from sr.errors import RequestError
-from sr.h1_parse import CLOSED, END, NEED_DATA, RequestHead
-from sr.h1_server import Connection, PeerGone
-from sr.h1_wire import InvalidAnswer
+from sr.http import hang_up
+from sr.http.parse import CLOSED, END, NEED_DATA, RequestHead
+from sr.http.server import Connection, PeerGone
+from sr.http.wire import InvalidAnswer
 
 AsgiApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
