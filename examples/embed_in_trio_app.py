@@ -38,7 +38,7 @@ def cosine(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-async def use(router: sr.RouterCore) -> None:
+async def use(router: sr.Supervisor) -> None:
     """What a program does with the pool, whichever way it was started."""
     await router.wait_ready(timeout_s=300)
     embeddings = await router.embed("primary", SENTENCES)
