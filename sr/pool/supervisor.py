@@ -38,6 +38,7 @@ from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
+from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 
 READY_POLL_S = 0.05
@@ -84,10 +85,6 @@ class Supervisor:
         self._nursery = nursery
         self._sequence = itertools.count(1)
         self._reload_lock = trio.Lock()
-
-    @property
-    def deployments(self) -> dict[str, Deployment]:
-        return self.config.deployments
 
     # -- requests -------------------------------------------------------------------
     def resolve(self, model: str) -> str:
@@ -199,19 +196,13 @@ class Supervisor:
         return name, reply.body
 
     # -- views ----------------------------------------------------------------------
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> Inventory:
+        """Every deployment and replica as typed views (sr.pool.views)."""
         now = trio.current_time()  # one instant for the whole snapshot
-        return {
-            "ready": self.is_ready(),
-            "deployments": {name: pool.snapshot(now) for name, pool in self.pools.items()},
-        }
-
-    def startup_status(self) -> dict[str, Any]:
-        inventory = self.inventory()
-        keep = ("id", "device", "endpoint", "state", "reason", "restarts", "pid")
-        for deployment in inventory["deployments"].values():
-            deployment["replicas"] = [{k: row[k] for k in keep} for row in deployment["replicas"]]
-        return inventory
+        return Inventory(
+            ready=self.is_ready(),
+            deployments={name: pool.snapshot(now) for name, pool in self.pools.items()},
+        )
 
     async def replica_metrics(self, timeout_s: float) -> list[ReplicaScrape]:
         """GET /metrics of every replica that has a connection, in parallel, each bounded

@@ -27,6 +27,7 @@ import trio
 from sr.config.schema import Deployment, Listener, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.pool import open_router
+from sr.pool.views import inventory_from_json
 from sr.router.inventory_table import render_inventory
 from sr.router.serve import serve
 
@@ -142,13 +143,13 @@ class Load:
 
 
 def replicas_by_host(core) -> dict[str, dict]:
-    rows = core.inventory()["deployments"]["primary"]["replicas"]
-    return {row["endpoint"].split("//")[1].rsplit(":", 1)[0]: row for row in rows}
+    rows = core.inventory().deployments["primary"].replicas
+    return {row.endpoint.split("//")[1].rsplit(":", 1)[0]: row for row in rows}
 
 
 def discovered(core) -> dict[str, str]:
-    (entry,) = core.inventory()["deployments"]["primary"]["discovery"]
-    return {row["address"].rsplit(":", 1)[0]: row["status"] for row in entry["discovered"]}
+    (entry,) = core.inventory().deployments["primary"].discovery
+    return {row.address.rsplit(":", 1)[0]: row.status for row in entry.discovered}
 
 
 async def until(condition, what: str, timeout_s: float = 30) -> None:
@@ -231,7 +232,7 @@ async def test_discovered_fleet_survives_a_kill_readmits_grows_and_drains(
                 (entry,) = answer.json()["deployments"]["primary"]["discovery"]
                 assert entry["last_good_resolution"]["count"] == 3
                 assert entry["last_resolution"]["error"] is None
-                lines = render_inventory(answer.json())
+                lines = render_inventory(inventory_from_json(answer.json()))
                 assert f"  discover dns://{NAME}:{port}: 3/3 joined; resolved" in "\n".join(lines)
 
                 load.phase = "stop"
