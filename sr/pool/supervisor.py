@@ -25,7 +25,15 @@ import trio
 
 from sr import api, api_codec
 from sr.config.schema import Deployment, Replica, SrConfig
-from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
+from sr.errors import (
+    DeadlineExceeded,
+    ModelNotFound,
+    ReloadFailed,
+    ReplicaNotFound,
+    StartupFailed,
+    Unavailable,
+    WorkerFailed,
+)
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
 from sr.pool.deployment import DeploymentPool, Reply
@@ -43,6 +51,16 @@ from sr.pool.worker_access import WorkerAccess, entry_accesses
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
+
+
+@attrs.frozen
+class WorkerAnswer:
+    """A worker's answer to `Supervisor.post_to_worker`, and which replica and process gave it."""
+
+    replica: str
+    pid: int | None
+    status: int
+    body: bytes
 
 
 @attrs.frozen
@@ -233,6 +251,42 @@ class Supervisor:
             ReplicaScrape(name, replica_id, text)
             for (name, replica_id, _), text in zip(targets, texts, strict=True)
         ]
+
+    async def post_to_worker(
+        self, deployment: str, replica: str | int, path: str, body: bytes, *, timeout_s: float
+    ) -> WorkerAnswer:
+        """POST `body` to `path` on the worker of one published replica of `deployment` (its
+        id, or its 0-based index in declared order), bounded by `timeout_s`: for operator
+        routes (fault injection, sr.router.faults). Like a metrics scrape it bypasses
+        dispatch. ModelNotFound, ReplicaNotFound, Unavailable (no worker connection),
+        WorkerFailed (the exchange broke) or DeadlineExceeded."""
+        pool = self.pools.get(deployment)
+        if pool is None:
+            known = sorted(self.pools)
+            raise ModelNotFound(f"deployment {deployment!r} does not exist; known: {known}")
+        ids = list(pool.runners)
+        if isinstance(replica, int):
+            if replica >= len(ids):
+                raise ReplicaNotFound(
+                    f"replica: index {replica} is out of range; {deployment!r} has {len(ids)}"
+                )
+            replica_id = ids[replica]
+        elif replica in pool.runners:
+            replica_id = replica
+        else:
+            raise ReplicaNotFound(f"replica: {replica!r} is not a replica of {deployment!r}: {ids}")
+        runner = pool.runners[replica_id]
+        transport = runner.transport
+        if transport is None:
+            raise Unavailable(f"replica {replica_id} has no running worker to configure")
+        pid = runner.record.pid
+        with trio.move_on_after(timeout_s):
+            try:
+                status, _, answer = await transport.exchange("POST", path, body)
+            except Exception as error:  # TransportError or anything the socket throws
+                raise WorkerFailed(f"replica {replica_id}: {type(error).__name__}") from None
+            return WorkerAnswer(replica_id, pid, status, answer)
+        raise DeadlineExceeded(f"replica {replica_id} did not answer {path} within {timeout_s:g}s")
 
     def model_card(self, deployment: str) -> dict[str, Any] | None:
         """A copy of the worker card (its GET /v1/models entry) of one ready replica of

@@ -61,7 +61,7 @@ from sr.router import tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
-from sr.router.faults import FAULTS_PATH, FaultRoute, fault_injection_enabled
+from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster, fault_injection_enabled
 from sr.router.front import Front, NativeFront
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
@@ -95,8 +95,9 @@ class Reply(Protocol):
     replica_id: str
 
 
-class SupervisorLike(Protocol):
-    """The part of sr.pool's Supervisor the front end uses."""
+class SupervisorLike(WorkerPoster, Protocol):
+    """The part of sr.pool's Supervisor the front end uses (`post_to_worker`: the fault
+    route's)."""
 
     def resolve(self, model: str) -> str: ...
     async def request_raw(
