@@ -24,6 +24,7 @@ import trio
 from bench.harness import print_table, write_result
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.http.hang_up import EXTENSION, HangUpPoller
+from sr.pool.views import Inventory
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
@@ -65,11 +66,8 @@ class InstantCore:
         await trio.lowlevel.checkpoint()
         return _Reply(200, WORKER_HEADERS, ANSWER, "primary-0")
 
-    def inventory(self):
-        return {"deployments": {}}
-
-    def startup_status(self):
-        return {}
+    def inventory(self) -> Inventory:
+        return Inventory(ready=True, deployments={})
 
     def is_ready(self):
         return True

@@ -67,8 +67,9 @@ async def use(router: sr.Supervisor) -> None:
     except InvalidRequest as error:
         print(f"rerank refused ({error.status} {error.code}): {error.message}")
 
-    replica = router.inventory()["deployments"]["primary"]["replicas"][0]
-    print(json.dumps({k: replica[k] for k in ("id", "device", "state", "threads", "pid")}))
+    replica = router.inventory().deployments["primary"].replicas[0]  # typed: sr.pool.views
+    shown = {"id": replica.id, "device": replica.device, "state": replica.state.value}
+    print(json.dumps({**shown, "threads": replica.threads, "pid": replica.pid}))
 
 
 async def main(model: str | None, in_process: bool, serve_http: bool) -> None:

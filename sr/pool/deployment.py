@@ -22,6 +22,7 @@ from sr.pool.policy import DeploymentPolicy
 from sr.pool.replica import ReplicaRunner
 from sr.pool.state import ReplicaState, is_terminal
 from sr.pool.transport import TransportError
+from sr.pool.views import DeploymentState, DeploymentView
 
 
 class _NoAnswer(Exception):
@@ -170,34 +171,31 @@ class DeploymentPool:
             self.policy.refresh(trio.current_time())
 
     # -- views ----------------------------------------------------------------------
-    def snapshot(self, now: float) -> dict:
-        rows = [r.record.snapshot(now) for r in self.runners.values()]
-        ready = sum(1 for row in rows if row["state"] in ("ready", "backoff"))
+    def snapshot(self, now: float) -> DeploymentView:
+        rows = tuple(r.record.snapshot(now) for r in self.runners.values())
+        ready = sum(1 for row in rows if row.state in _SERVING)
         # A discover entry stands for as many replicas as its name resolved to.
         desired = sum(1 for p in self.config.placements() if not p.discovered)
         desired += sum(group.desired() for group in self.groups.values())
-        waiting = {"starting", "loading", "warming", "restarting"}
+        state: DeploymentState
         if ready and ready >= desired:
             state = "ready"
         elif ready:
             state = "degraded"
-        elif any(row["state"] in waiting for row in rows):
+        elif any(row.state in _ON_ITS_WAY for row in rows):
             state = "starting"
         else:
             state = "unavailable"
-        return {
-            "artifact": self.config.artifact,
-            "desired_replicas": desired,
-            "ready_replicas": ready,
-            "state": state,
-            "restarts": sum(row["restarts"] for row in rows),
-            "replicas": rows,
-            **(
-                {"discovery": [group.snapshot(now) for group in self.groups.values()]}
-                if self.groups
-                else {}
-            ),
-        }
+        discovery = tuple(group.snapshot(now) for group in self.groups.values())
+        return DeploymentView(
+            artifact=self.config.artifact,
+            desired_replicas=desired,
+            ready_replicas=ready,
+            state=state,
+            restarts=sum(row.restarts for row in rows),
+            replicas=rows,
+            discovery=discovery or None,
+        )
 
     def has_ready(self) -> bool:
         return any(r.record.lifecycle is ReplicaState.READY for r in self.runners.values())
@@ -208,6 +206,12 @@ class DeploymentPool:
             is_terminal(r.record.lifecycle, attached=r.record.attached)
             for r in self.runners.values()
         )
+
+
+_SERVING = frozenset({ReplicaState.READY, ReplicaState.BACKOFF})
+_ON_ITS_WAY = frozenset(
+    {ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.WARMING, ReplicaState.RESTARTING}
+)
 
 
 def _message(payload: bytes) -> str:

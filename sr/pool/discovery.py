@@ -41,6 +41,7 @@ from sr.pool.membership import (
 )
 from sr.pool.replica import ReplicaRunner
 from sr.pool.state import ReplicaState
+from sr.pool.views import DiscoveredAddress, DiscoveryView, MembershipStatus, ResolutionView
 
 S = ReplicaState
 RESOLVE_TIMEOUT_S = 5.0
@@ -314,43 +315,44 @@ class DiscoveryGroup:
         )
 
     # -- inventory -------------------------------------------------------------------
-    def snapshot(self, now: float) -> dict:
+    def snapshot(self, now: float) -> DiscoveryView:
+        sets: tuple[tuple[MembershipStatus, dict[Address, ReplicaRunner]], ...] = (
+            ("member", self.members),
+            ("joining", self.joining),
+            ("leaving", self.leaving),
+        )
         rows = [
             (address, runner, status)
-            for status, runners in (
-                ("member", self.members),
-                ("joining", self.joining),
-                ("leaving", self.leaving),
-            )
+            for status, runners in sets
             for address, runner in runners.items()
         ]
-        return {
-            "discover": self.entry.discover,
-            "scheme": self.entry.effective_scheme,
-            "refresh_s": self.entry.effective_refresh_s,
-            "discovered": [
-                {
-                    "address": address_text(address),
-                    "replica": runner.record.id,
-                    "status": status,
-                    # a joining address is not in the replica rows: say why it waits
-                    "state": runner.record.state(now).value,
-                    "reason": runner.record.reason,
-                }
+        assert self.entry.discover is not None  # a group is made for a discover entry
+        return DiscoveryView(
+            discover=self.entry.discover,
+            scheme=self.entry.effective_scheme,
+            refresh_s=self.entry.effective_refresh_s,
+            discovered=tuple(
+                DiscoveredAddress(
+                    address=address_text(address),
+                    replica=runner.record.id,
+                    status=status,
+                    state=runner.record.state(now),
+                    reason=runner.record.reason,
+                )
                 for address, runner, status in sorted(rows, key=lambda row: row[0])
-            ],
-            "last_resolution": _resolution_view(self.last, now),
-            "last_good_resolution": _resolution_view(self.last_good, now),
-            "next_resolution_in_s": round(max(0.0, self.schedule.next_due() - now), 3),
-        }
+            ),
+            last_resolution=_resolution_view(self.last, now),
+            last_good_resolution=_resolution_view(self.last_good, now),
+            next_resolution_in_s=round(max(0.0, self.schedule.next_due() - now), 3),
+        )
 
 
-def _resolution_view(resolution: Resolution | None, now: float) -> dict | None:
+def _resolution_view(resolution: Resolution | None, now: float) -> ResolutionView | None:
     if resolution is None:
         return None
-    return {
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resolution.wall_time)),
-        "age_s": round(max(0.0, now - resolution.at), 3),
-        "count": resolution.count,
-        "error": resolution.error,
-    }
+    return ResolutionView(
+        at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(resolution.wall_time)),
+        age_s=round(max(0.0, now - resolution.at), 3),
+        count=resolution.count,
+        error=resolution.error,
+    )

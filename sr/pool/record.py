@@ -11,6 +11,7 @@ import math
 
 from sr.pool.backoff import RequestBackoff, RestartBackoff
 from sr.pool.state import ReplicaState, effective_state
+from sr.pool.views import ReplicaView
 
 INF = math.inf
 
@@ -69,26 +70,24 @@ class ReplicaRecord:
     def is_ejected(self, now: float) -> bool:
         return now < self.ejected_until
 
-    def snapshot(self, now: float) -> dict:
+    def snapshot(self, now: float) -> ReplicaView:
         state = self.state(now)
-        row = {
-            "id": self.id,
-            "device": None if self.attached else self.placement,
-            "endpoint": self.placement if self.attached else None,
-            "state": state.value,
-            "ready": state is ReplicaState.READY,
-            "inflight": self.inflight,
-            "outstanding_bytes": self.outstanding_bytes,
-            "restarts": self.restart.restarts,
-            "consecutive_timeouts": self.consecutive_timeouts,
-            "ejections": self.ejections,
-            "threads": self.threads,
-            "pid": self.pid,
-            "reason": self.reason,
-        }
         adaptive = (self.card or {}).get("adaptive_threads")
-        if adaptive and adaptive.get("mode"):
-            row["adaptive_threads"] = adaptive
-        if state is ReplicaState.EJECTED:
-            row["ejected_for_ms"] = max(0, round((self.ejected_until - now) * 1000))
-        return row
+        ejected = state is ReplicaState.EJECTED
+        return ReplicaView(
+            id=self.id,
+            device=None if self.attached else self.placement,
+            endpoint=self.placement if self.attached else None,
+            state=state,
+            ready=state is ReplicaState.READY,
+            inflight=self.inflight,
+            outstanding_bytes=self.outstanding_bytes,
+            restarts=self.restart.restarts,
+            consecutive_timeouts=self.consecutive_timeouts,
+            ejections=self.ejections,
+            threads=self.threads,
+            pid=self.pid,
+            reason=self.reason,
+            adaptive_threads=adaptive if adaptive and adaptive.get("mode") else None,
+            ejected_for_ms=max(0, round((self.ejected_until - now) * 1000)) if ejected else None,
+        )

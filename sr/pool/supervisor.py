@@ -25,7 +25,15 @@ import trio
 
 from sr import api, api_codec
 from sr.config.schema import Deployment, Replica, SrConfig
-from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
+from sr.errors import (
+    DeadlineExceeded,
+    ModelNotFound,
+    ReloadFailed,
+    ReplicaNotFound,
+    StartupFailed,
+    Unavailable,
+    WorkerFailed,
+)
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
 from sr.pool.deployment import DeploymentPool, Reply
@@ -38,10 +46,21 @@ from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
+from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
+
+
+@attrs.frozen
+class WorkerAnswer:
+    """A worker's answer to `Supervisor.post_to_worker`, and which replica and process gave it."""
+
+    replica: str
+    pid: int | None
+    status: int
+    body: bytes
 
 
 @attrs.frozen
@@ -84,10 +103,6 @@ class Supervisor:
         self._nursery = nursery
         self._sequence = itertools.count(1)
         self._reload_lock = trio.Lock()
-
-    @property
-    def deployments(self) -> dict[str, Deployment]:
-        return self.config.deployments
 
     # -- requests -------------------------------------------------------------------
     def resolve(self, model: str) -> str:
@@ -199,19 +214,13 @@ class Supervisor:
         return name, reply.body
 
     # -- views ----------------------------------------------------------------------
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> Inventory:
+        """Every deployment and replica as typed views (sr.pool.views)."""
         now = trio.current_time()  # one instant for the whole snapshot
-        return {
-            "ready": self.is_ready(),
-            "deployments": {name: pool.snapshot(now) for name, pool in self.pools.items()},
-        }
-
-    def startup_status(self) -> dict[str, Any]:
-        inventory = self.inventory()
-        keep = ("id", "device", "endpoint", "state", "reason", "restarts", "pid")
-        for deployment in inventory["deployments"].values():
-            deployment["replicas"] = [{k: row[k] for k in keep} for row in deployment["replicas"]]
-        return inventory
+        return Inventory(
+            ready=self.is_ready(),
+            deployments={name: pool.snapshot(now) for name, pool in self.pools.items()},
+        )
 
     async def replica_metrics(self, timeout_s: float) -> list[ReplicaScrape]:
         """GET /metrics of every replica that has a connection, in parallel, each bounded
@@ -242,6 +251,42 @@ class Supervisor:
             ReplicaScrape(name, replica_id, text)
             for (name, replica_id, _), text in zip(targets, texts, strict=True)
         ]
+
+    async def post_to_worker(
+        self, deployment: str, replica: str | int, path: str, body: bytes, *, timeout_s: float
+    ) -> WorkerAnswer:
+        """POST `body` to `path` on the worker of one published replica of `deployment` (its
+        id, or its 0-based index in declared order), bounded by `timeout_s`: for operator
+        routes (fault injection, sr.router.faults). Like a metrics scrape it bypasses
+        dispatch. ModelNotFound, ReplicaNotFound, Unavailable (no worker connection),
+        WorkerFailed (the exchange broke) or DeadlineExceeded."""
+        pool = self.pools.get(deployment)
+        if pool is None:
+            known = sorted(self.pools)
+            raise ModelNotFound(f"deployment {deployment!r} does not exist; known: {known}")
+        ids = list(pool.runners)
+        if isinstance(replica, int):
+            if replica >= len(ids):
+                raise ReplicaNotFound(
+                    f"replica: index {replica} is out of range; {deployment!r} has {len(ids)}"
+                )
+            replica_id = ids[replica]
+        elif replica in pool.runners:
+            replica_id = replica
+        else:
+            raise ReplicaNotFound(f"replica: {replica!r} is not a replica of {deployment!r}: {ids}")
+        runner = pool.runners[replica_id]
+        transport = runner.transport
+        if transport is None:
+            raise Unavailable(f"replica {replica_id} has no running worker to configure")
+        pid = runner.record.pid
+        with trio.move_on_after(timeout_s):
+            try:
+                status, _, answer = await transport.exchange("POST", path, body)
+            except Exception as error:  # TransportError or anything the socket throws
+                raise WorkerFailed(f"replica {replica_id}: {type(error).__name__}") from None
+            return WorkerAnswer(replica_id, pid, status, answer)
+        raise DeadlineExceeded(f"replica {replica_id} did not answer {path} within {timeout_s:g}s")
 
     def model_card(self, deployment: str) -> dict[str, Any] | None:
         """A copy of the worker card (its GET /v1/models entry) of one ready replica of

@@ -56,11 +56,12 @@ from sr.http.asgi import (
     serve_lifespan,
 )
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
-from sr.router import inventory_view, tei
+from sr.pool.views import Inventory, inventory_json, startup_status_json
+from sr.router import tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
-from sr.router.faults import FAULTS_PATH, FaultRoute, fault_injection_enabled
+from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster, fault_injection_enabled
 from sr.router.front import Front, NativeFront
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
@@ -94,8 +95,9 @@ class Reply(Protocol):
     replica_id: str
 
 
-class SupervisorLike(Protocol):
-    """The part of sr.pool's Supervisor the front end uses."""
+class SupervisorLike(WorkerPoster, Protocol):
+    """The part of sr.pool's Supervisor the front end uses (`post_to_worker`: the fault
+    route's)."""
 
     def resolve(self, model: str) -> str: ...
     async def request_raw(
@@ -106,8 +108,7 @@ class SupervisorLike(Protocol):
         timeout_s: float | None = None,
         request_id: str | None = None,
     ) -> Reply: ...
-    def inventory(self) -> dict[str, Any]: ...
-    def startup_status(self) -> dict[str, Any]: ...
+    def inventory(self) -> Inventory: ...
     def is_ready(self) -> bool: ...
     def model_card(self, deployment: str) -> dict[str, Any] | None: ...
     async def replica_metrics(self, timeout_s: float) -> list[Any]: ...
@@ -421,10 +422,10 @@ class RouterApp:
             await send_json(send, 503, {"status": "not_ready"})
 
     async def _startup_status(self, send: Send) -> None:
-        await send_json(send, 200, self.core.startup_status())
+        await send_json(send, 200, startup_status_json(self.core.inventory()))
 
     async def _inventory(self, send: Send) -> None:
-        await send_json(send, 200, self.core.inventory())
+        await send_json(send, 200, inventory_json(self.core.inventory()))
 
     async def _metrics(self, send: Send) -> None:
         scrapes = await self.core.replica_metrics(REPLICA_SCRAPE_TIMEOUT_S)
@@ -471,22 +472,17 @@ class RouterApp:
 
     def _model_entries(self) -> list[dict[str, Any]]:
         data = []
-        for name, deployment in inventory_view.deployments(self.core.inventory()):
-            members = inventory_view.replicas(deployment)
-            ready = deployment.get("ready_replicas")
-            if ready is None:
-                ready = sum(1 for r in members if r.get("ready"))
-            desired = deployment.get("desired_replicas", len(members))
+        for name, deployment in self.core.inventory().deployments.items():
             data.append(
                 {
                     "id": name,
                     "object": "model",
                     "created": self._created,
                     "owned_by": "sr",
-                    "artifact": self._artifacts.get(name, deployment.get("artifact")),
-                    "replicas": desired,
-                    "ready_replicas": ready,
-                    "ready": bool(ready),
+                    "artifact": self._artifacts.get(name, deployment.artifact),
+                    "replicas": deployment.desired_replicas,
+                    "ready_replicas": deployment.ready_replicas,
+                    "ready": bool(deployment.ready_replicas),
                 }
             )
         return data

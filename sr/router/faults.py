@@ -2,8 +2,9 @@
 
 Body: `{"deployment": name, "replica": <replica id or 0-based index>, "mode":
 "none|hang|slow|fail|exit", "slow_ms": N}`. The router forwards `{mode, slow_ms}` to that
-replica's worker (`POST /admin/faults`, sr.worker.faults) over the pool's own transport, so
-the fault lands on exactly the process the pool dispatches to.
+replica's worker (`POST /admin/faults`, sr.worker.faults) through the pool
+(`Supervisor.post_to_worker`, over the pool's own transport), so the fault lands on exactly
+the process the pool dispatches to.
 
 The route exists only when the router process was started with `SR_FAULT_INJECTION=1`
 (its managed workers inherit the variable and serve `/admin/faults`); otherwise it answers
@@ -15,24 +16,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
-import trio
 
 from sr.errors import (
-    DeadlineExceeded,
     InvalidRequest,
     MethodNotAllowed,
-    ModelNotFound,
     NotFound,
-    ReplicaNotFound,
     RequestError,
     Unavailable,
     WorkerFailed,
 )
 from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.worker.faults import MAX_SLOW_MS, MODES
+
+if TYPE_CHECKING:
+    from sr.pool.supervisor import WorkerAnswer
 
 FAULTS_PATH = "/api/v1/faults"
 ENV_FLAG = "SR_FAULT_INJECTION"
@@ -88,39 +88,18 @@ def parse_fault_request(raw: bytes) -> FaultRequest:
     return FaultRequest(deployment, replica, mode, slow_ms)
 
 
-class _Transport(Protocol):
-    async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
-    ) -> tuple[int, dict[str, str], bytes]: ...
+class WorkerPoster(Protocol):
+    """The part of the pool the route uses (sr.pool.supervisor.Supervisor.post_to_worker)."""
 
-
-def locate_replica(core: Any, deployment: str, replica: str | int) -> tuple[str, Any]:
-    """(replica id, runner) of a published replica of `deployment`, by id or index.
-
-    `core` is a Supervisor: `pools[name].runners` maps replica ids, in declared order, to
-    the ReplicaRunner that owns the worker (`transport`, `record.pid`)."""
-    pool = core.pools.get(deployment)
-    if pool is None:
-        known = sorted(core.pools)
-        raise ModelNotFound(f"deployment {deployment!r} does not exist; known: {known}")
-    ids = list(pool.runners)
-    if isinstance(replica, int):
-        if replica >= len(ids):
-            raise ReplicaNotFound(
-                f"replica: index {replica} is out of range; {deployment!r} has {len(ids)}"
-            )
-        replica_id = ids[replica]
-    elif replica in pool.runners:
-        replica_id = replica
-    else:
-        raise ReplicaNotFound(f"replica: {replica!r} is not a replica of {deployment!r}: {ids}")
-    return replica_id, pool.runners[replica_id]
+    async def post_to_worker(
+        self, deployment: str, replica: str | int, path: str, body: bytes, *, timeout_s: float
+    ) -> WorkerAnswer: ...
 
 
 class FaultRoute:
     """The ASGI handler of `FAULTS_PATH` (the app routes that path here)."""
 
-    def __init__(self, core: Any, *, enabled: bool) -> None:
+    def __init__(self, core: WorkerPoster, *, enabled: bool) -> None:
         self.core = core
         self.enabled = enabled
 
@@ -142,23 +121,14 @@ class FaultRoute:
 
     async def apply(self, request: FaultRequest) -> dict[str, Any]:
         """Forward the fault to the worker; its answer (the fault card) comes back."""
-        replica_id, runner = locate_replica(self.core, request.deployment, request.replica)
-        transport: _Transport | None = runner.transport
-        if transport is None:
-            raise Unavailable(f"replica {replica_id} has no running worker to configure")
-        pid = runner.record.pid
-        with trio.move_on_after(FORWARD_TIMEOUT_S):
-            try:
-                status, _, payload = await transport.exchange(
-                    "POST", WORKER_FAULTS_PATH, request.worker_body()
-                )
-            except Exception as error:  # TransportError or anything the socket throws
-                raise WorkerFailed(f"replica {replica_id}: {type(error).__name__}") from None
-            return _answer(replica_id, pid, status, payload)
-        raise DeadlineExceeded(
-            f"replica {replica_id} did not answer {WORKER_FAULTS_PATH} within "
-            f"{FORWARD_TIMEOUT_S:g}s"
+        answer = await self.core.post_to_worker(
+            request.deployment,
+            request.replica,
+            WORKER_FAULTS_PATH,
+            request.worker_body(),
+            timeout_s=FORWARD_TIMEOUT_S,
         )
+        return _answer(answer.replica, answer.pid, answer.status, answer.body)
 
 
 def _answer(replica_id: str, pid: int | None, status: int, payload: bytes) -> dict[str, Any]:

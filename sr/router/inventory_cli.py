@@ -12,6 +12,10 @@ watching while the router is away (not listening, restarting, answering 5xx): th
 then says "waiting for URL (why)" until it answers again. Without `--watch`, a router that
 cannot be reached is one clear line on stderr and exit status 1; an answer that will not
 change by waiting (401, 404, not an inventory) is that in either mode.
+
+The answer is read into the pool's typed views (sr.pool.views), as the router's own table
+would be: fields a newer router adds are ignored, and one missing or of another type (a
+router of another sr version, or no sr at all) is one line naming the field, exit status 1.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn, TextIO
 
 import httpx
 
@@ -31,6 +35,7 @@ from sr.config.arguments import OneLineArgumentParser, report_usage_error
 from sr.config.load import load_config
 from sr.config.schema import Listener
 from sr.errors import ConfigError, UsageError
+from sr.pool.views import Inventory, InventoryShapeError, inventory_from_json
 from sr.router.inventory_table import render_inventory
 
 DEFAULT_CONFIG = "config.yaml"
@@ -111,7 +116,7 @@ def router_url(url: str | None, config: str | None) -> str:
     return f"http://{shown}:{listener.port}"
 
 
-def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> dict[str, Any]:
+def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> Inventory:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     target = url.rstrip("/") + INVENTORY_PATH
     try:
@@ -131,12 +136,15 @@ def fetch_inventory(client: httpx.Client, url: str, api_key: str | None) -> dict
     if response.status_code != 200:
         raise InventoryUnavailable(f"{target} answered {response.status_code}")
     try:
-        inventory = response.json()
+        data = response.json()
     except ValueError:
         raise InventoryUnavailable(f"{target} did not answer JSON") from None
-    if not isinstance(inventory, dict):
-        raise InventoryUnavailable(f"{target} did not answer an inventory object")
-    return inventory
+    try:
+        return inventory_from_json(data)
+    except InventoryShapeError as error:
+        raise InventoryUnavailable(
+            f"{target} did not answer an inventory this sr reads: {error}"
+        ) from None
 
 
 def watch(

@@ -1,13 +1,15 @@
 """The `sr inventory` table: deployments and their replicas, as aligned text.
 
-Pure: takes the inventory dict (GET /api/v1/inventory/model-runtime) and returns lines.
+Pure: takes an inventory (sr.pool.views, as GET /api/v1/inventory/model-runtime serves it)
+and returns lines.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sr.router import inventory_view
+from sr.pool.state import ReplicaState
+from sr.pool.views import DiscoveryView, Inventory
 
 COLUMNS = (
     "DEPLOYMENT", "REPLICA", "PLACEMENT", "STATE", "INFLIGHT", "OUTSTANDING_B", "RESTARTS",
@@ -39,37 +41,31 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-def render_inventory(inventory: dict[str, Any], *, colour_states: bool = False) -> list[str]:
+def render_inventory(inventory: Inventory, *, colour_states: bool = False) -> list[str]:
     rows: list[tuple[list[str], int]] = []  # cells, index of the state cell
     summaries: list[str] = []
-    for name, deployment in inventory_view.deployments(inventory):
-        state = str(deployment.get("state", "?"))
+    for name, deployment in inventory.deployments.items():
         summaries.append(
-            f"{name}: {colour(state, colour_states)} "
-            f"{_cell(deployment.get('ready_replicas'))}/{_cell(deployment.get('desired_replicas'))}"
-            f" ready, {_cell(deployment.get('restarts', 0))} restarts"
+            f"{name}: {colour(deployment.state, colour_states)} "
+            f"{deployment.ready_replicas}/{deployment.desired_replicas}"
+            f" ready, {deployment.restarts} restarts"
         )
-        summaries += [
-            f"  {inventory_view.discovery_summary(entry)}"
-            for entry in inventory_view.discovery(deployment)
-        ]
-        for replica in inventory_view.replicas(deployment):
-            replica_state = str(replica.get("state", "?"))
-            if replica_state == "ejected" and replica.get("ejected_for_ms") is not None:
-                replica_state_text = f"{replica_state} {replica['ejected_for_ms'] / 1000:.0f}s"
-            else:
-                replica_state_text = replica_state
+        summaries += [f"  {discovery_summary(entry)}" for entry in deployment.discovery or ()]
+        for replica in deployment.replicas:
+            state_text = replica.state.value
+            if replica.state is ReplicaState.EJECTED and replica.ejected_for_ms is not None:
+                state_text += f" {replica.ejected_for_ms / 1000:.0f}s"
             cells = [
                 name,
-                inventory_view.replica_id(replica),
-                _cell(replica.get("device") or replica.get("endpoint")),
-                replica_state_text,
-                _cell(replica.get("inflight")),
-                _cell(replica.get("outstanding_bytes")),
-                _cell(replica.get("restarts")),
-                _cell(replica.get("ejections")),
-                _cell(replica.get("threads")),
-                _cell(replica.get("reason")),
+                replica.id,
+                _cell(replica.placement),
+                state_text,
+                _cell(replica.inflight),
+                _cell(replica.outstanding_bytes),
+                _cell(replica.restarts),
+                _cell(replica.ejections),
+                _cell(replica.threads),
+                _cell(replica.reason),
             ]
             rows.append((cells, 3))
     widths = [len(c) for c in COLUMNS]
@@ -84,3 +80,21 @@ def render_inventory(inventory: dict[str, Any], *, colour_states: bool = False) 
             padded[state_index] = padded[state_index].replace(state, colour(state, True), 1)
         lines.append("  ".join(padded).rstrip())
     return lines
+
+
+def discovery_summary(entry: DiscoveryView) -> str:
+    """One line about a discover entry: its set and its last resolution."""
+    members = sum(1 for row in entry.discovered if row.status == "member")
+    text = f"discover {entry.discover}: {members}/{len(entry.discovered)} joined"
+    pending = [f"{row.address} {row.status}" for row in entry.discovered if row.status != "member"]
+    if pending:
+        text += f" ({', '.join(pending)})"
+    last = entry.last_resolution
+    if last is None:
+        return text + "; not resolved yet"
+    text += f"; resolved {last.age_s:.0f}s ago ({last.at}), {last.count} address(es)"
+    if last.error:
+        good = entry.last_good_resolution
+        kept = f", keeping the set of {good.at}" if good else ""
+        text += f": FAILED {last.error}{kept}"
+    return text

@@ -37,13 +37,14 @@ from prometheus_client.registry import Collector
 
 import sr
 from sr import exposition
-from sr.router import inventory_view
+from sr.pool.state import ReplicaState
 from sr.router.replica_metrics import ReplicaMetricsCollector
 from sr.worker import timing
 
 if TYPE_CHECKING:
     from sr.config.schema import Deployment
     from sr.pool.supervisor import ReplicaScrape
+    from sr.pool.views import Inventory
 
 METRICS_CONTENT_TYPE = exposition.CONTENT_TYPE
 LATENCY_BUCKETS_S = (
@@ -58,7 +59,7 @@ WORKER_TIME_BUCKETS_S = (
 class InventoryCollector(Collector):
     """Per-replica gauges read from the pool inventory at scrape time."""
 
-    def __init__(self, inventory: Callable[[], dict[str, Any]]):
+    def __init__(self, inventory: Callable[[], Inventory]):
         self._inventory = inventory
 
     def collect(self) -> Iterator[Metric]:
@@ -83,22 +84,16 @@ class InventoryCollector(Collector):
         ejected = GaugeMetricFamily(
             "sr_replica_ejected", "1 while the replica is ejected", labels=labels
         )
-        for name, deployment in inventory_view.deployments(self._inventory()):
-            members = inventory_view.replicas(deployment)
-            desired.add_metric([name], inventory_view.number(deployment.get("desired_replicas")))
-            ready_total = 0.0
-            for replica in members:
-                key = [name, inventory_view.replica_id(replica)]
-                is_ready = inventory_view.number(replica.get("ready"))
-                ready_total += is_ready
-                ready.add_metric(key, is_ready)
-                inflight.add_metric(key, inventory_view.number(replica.get("inflight")))
-                outstanding.add_metric(key, inventory_view.number(replica.get("outstanding_bytes")))
-                ejected.add_metric(key, 1.0 if replica.get("state") == "ejected" else 0.0)
-            reported = deployment.get("ready_replicas")
-            ready_count.add_metric(
-                [name], ready_total if reported is None else inventory_view.number(reported)
-            )
+        for name, deployment in self._inventory().deployments.items():
+            desired.add_metric([name], deployment.desired_replicas)
+            ready_count.add_metric([name], deployment.ready_replicas)
+            for replica in deployment.replicas:
+                key = [name, replica.id]
+                ready.add_metric(key, 1.0 if replica.ready else 0.0)
+                inflight.add_metric(key, replica.inflight)
+                outstanding.add_metric(key, replica.outstanding_bytes)
+                is_ejected = replica.state is ReplicaState.EJECTED
+                ejected.add_metric(key, 1.0 if is_ejected else 0.0)
         yield from (ready, inflight, outstanding, ejected, desired, ready_count)
 
 
@@ -141,7 +136,7 @@ class InfoCollector(Collector):
 class RouterMetrics:
     def __init__(
         self,
-        inventory: Callable[[], dict[str, Any]],
+        inventory: Callable[[], Inventory],
         *,
         deployments: Callable[[], Mapping[str, Deployment]] | None = None,
         served_dtype: Callable[[str], str | None] | None = None,

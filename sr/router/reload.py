@@ -29,17 +29,14 @@ from sr.events import EventSink
 _log = logging.getLogger("sr.events")
 
 
-def reload_summary(config: SrConfig, pool_result: Any = None) -> dict[str, Any]:
-    summary: dict[str, Any] = {
+def reload_summary(config: SrConfig) -> dict[str, Any]:
+    return {
         "status": "reloaded",
         "deployments": {
             name: {"artifact": d.artifact, "replicas": len(d.placements())}
             for name, d in config.deployments.items()
         },
     }
-    if isinstance(pool_result, dict):
-        summary["pool"] = pool_result
-    return summary
 
 
 class ConfigReloader:
@@ -73,7 +70,7 @@ class ConfigReloader:
                                   error=str(error))  # fmt: skip
                 raise InvalidConfig(f"{self.config_path}: {error}") from None
             try:
-                pool_result = await self.core.reload(new)
+                await self.core.reload(new)
             except SrError as error:
                 self._events.emit("config_reload_failed", error=str(error))
                 raise ReloadRejected(
@@ -85,7 +82,7 @@ class ConfigReloader:
                     f"reload failed, the previous config keeps serving: {type(error).__name__}:"
                     f" {error}"
                 ) from None
-            summary = reload_summary(new, pool_result)
+            summary = reload_summary(new)
             if _listener_changed(self.current, new):
                 summary["notes"] = ["listener host/port changes take effect at the next start"]
             self.current = new

@@ -16,10 +16,13 @@ of every deployment is ready: right after the serving line after a full start, l
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
+
+if TYPE_CHECKING:
+    from sr.pool.views import Inventory
 
 
 @attrs.frozen
@@ -29,11 +32,11 @@ class ReplicaCount:
     desired: int
 
 
-def replica_counts(inventory: Mapping[str, Any]) -> list[ReplicaCount]:
+def replica_counts(inventory: Inventory) -> list[ReplicaCount]:
     """Ready and desired replicas of each deployment, from a pool inventory."""
     return [
-        ReplicaCount(name, int(row.get("ready_replicas", 0)), int(row.get("desired_replicas", 0)))
-        for name, row in inventory.get("deployments", {}).items()
+        ReplicaCount(name, deployment.ready_replicas, deployment.desired_replicas)
+        for name, deployment in inventory.deployments.items()
     ]
 
 

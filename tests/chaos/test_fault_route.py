@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import trio
 
+from sr.config.schema import SrConfig
 from sr.errors import InvalidRequest
+from sr.events import EventSink
+from sr.pool.supervisor import Supervisor
 from sr.pool.transport import TransportError
 from sr.router.faults import (
     FAULTS_PATH,
@@ -50,10 +54,15 @@ class FakePool:
         self.runners = runners
 
 
-class FakeCore:
-    def __init__(self, *transports):
-        runners = {f"primary-{i:08x}": FakeRunner(t, 100 + i) for i, t in enumerate(transports)}
-        self.pools = {"primary": FakePool(runners)}
+def core_over(*transports) -> Supervisor:
+    """A real Supervisor (its `post_to_worker` finds the replica) over fake replicas; it
+    starts nothing, so its nursery is never used."""
+    core = Supervisor(
+        SrConfig(), None, events=EventSink(), threads=1, run_dir=Path("."), worker_factory=None
+    )
+    runners = {f"primary-{i:08x}": FakeRunner(t, 100 + i) for i, t in enumerate(transports)}
+    core.pools = {"primary": FakePool(runners)}
+    return core
 
 
 def fault(**fields):
@@ -75,7 +84,7 @@ def test_enabled_only_by_exactly_one():
 
 async def test_disabled_route_is_a_plain_404_and_touches_no_worker():
     transport = FakeTransport()
-    answer = await post(FaultRoute(FakeCore(transport), enabled=False), fault())
+    answer = await post(FaultRoute(core_over(transport), enabled=False), fault())
     assert answer.status == 404
     assert answer.json()["error"]["code"] == "not_found"
     assert transport.calls == []
@@ -85,7 +94,7 @@ async def test_forwards_mode_and_slow_ms_to_the_replica_by_index():
     first = FakeTransport()
     second = FakeTransport(answer=(200, {}, b'{"mode":"slow","slow_ms":50}'))
     answer = await post(
-        FaultRoute(FakeCore(first, second), enabled=True), fault(mode="slow", slow_ms=50)
+        FaultRoute(core_over(first, second), enabled=True), fault(mode="slow", slow_ms=50)
     )
     assert answer.status == 200, answer.body
     assert answer.json() == {
@@ -99,7 +108,7 @@ async def test_forwards_mode_and_slow_ms_to_the_replica_by_index():
 
 async def test_replica_by_id():
     first, second = FakeTransport(), FakeTransport()
-    route = FaultRoute(FakeCore(first, second), enabled=True)
+    route = FaultRoute(core_over(first, second), enabled=True)
     answer = await post(route, fault(replica="primary-00000000", mode="none"))
     assert answer.status == 200
     assert answer.json()["replica"] == "primary-00000000"
@@ -125,7 +134,7 @@ async def test_replica_by_id():
 )
 async def test_bad_requests_are_named_4xx(fields, status, code):
     transport = FakeTransport()
-    route = FaultRoute(FakeCore(transport, FakeTransport()), enabled=True)
+    route = FaultRoute(core_over(transport, FakeTransport()), enabled=True)
     answer = await post(route, fault(**fields))
     assert answer.status == status, answer.body
     assert answer.json()["error"]["code"] == code
@@ -136,20 +145,20 @@ async def test_bad_requests_are_named_4xx(fields, status, code):
     "raw", [b"", b"{", b"[]", b'"x"', b"\xff\xfe", b"[" * 100_000, b"{}" + b" " * 5000]
 )
 async def test_malformed_bodies_are_400_or_413(raw):
-    answer = await post(FaultRoute(FakeCore(FakeTransport()), enabled=True), raw)
+    answer = await post(FaultRoute(core_over(FakeTransport()), enabled=True), raw)
     assert answer.status in (400, 413)
     assert answer.json()["error"]["code"] in ("invalid_request", "request_too_large")
 
 
 async def test_get_is_405():
-    answer = await post(FaultRoute(FakeCore(FakeTransport()), enabled=True), b"", method="GET")
+    answer = await post(FaultRoute(core_over(FakeTransport()), enabled=True), b"", method="GET")
     assert answer.status == 405
     assert answer.headers["allow"] == "POST"
 
 
 async def test_worker_without_fault_injection_is_503_not_a_confusing_404():
     refusing = FakeTransport(answer=(404, {}, b'{"error":{"code":"not_found","message":"x"}}'))
-    answer = await post(FaultRoute(FakeCore(FakeTransport(), refusing), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), refusing), enabled=True), fault())
     assert answer.status == 503
     assert "SR_FAULT_INJECTION=1" in answer.json()["error"]["message"]
 
@@ -157,20 +166,20 @@ async def test_worker_without_fault_injection_is_503_not_a_confusing_404():
 async def test_worker_400_passes_as_400_with_its_message():
     refused = b'{"error":{"code":"invalid_request","message":"m!"}}'
     refusing = FakeTransport(answer=(400, {}, refused))
-    answer = await post(FaultRoute(FakeCore(FakeTransport(), refusing), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), refusing), enabled=True), fault())
     assert answer.status == 400
     assert "m!" in answer.json()["error"]["message"]
 
 
 async def test_transport_error_is_502():
     broken = FakeTransport(error=TransportError("ConnectError"))
-    answer = await post(FaultRoute(FakeCore(FakeTransport(), broken), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), broken), enabled=True), fault())
     assert answer.status == 502
     assert answer.json()["error"]["code"] == "worker_failed"
 
 
 async def test_replica_without_worker_is_503():
-    core = FakeCore(FakeTransport(), FakeTransport())
+    core = core_over(FakeTransport(), FakeTransport())
     core.pools["primary"].runners["primary-00000001"].transport = None
     answer = await post(FaultRoute(core, enabled=True), fault())
     assert answer.status == 503
@@ -178,7 +187,7 @@ async def test_replica_without_worker_is_503():
 
 
 async def test_stopped_worker_times_out_bounded(autojump_clock):
-    core = FakeCore(FakeTransport(), FakeTransport(hang=True))
+    core = core_over(FakeTransport(), FakeTransport(hang=True))
     with trio.fail_after(10):
         answer = await post(FaultRoute(core, enabled=True), fault())
     assert answer.status == 504

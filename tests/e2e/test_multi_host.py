@@ -27,6 +27,7 @@ import trio
 from sr.config.schema import Deployment, Listener, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.pool import open_router
+from sr.pool.views import ReplicaView, inventory_from_json
 from sr.router.inventory_table import render_inventory
 from sr.router.serve import serve
 
@@ -141,14 +142,14 @@ class Load:
             await trio.sleep(0.02)
 
 
-def replicas_by_host(core) -> dict[str, dict]:
-    rows = core.inventory()["deployments"]["primary"]["replicas"]
-    return {row["endpoint"].split("//")[1].rsplit(":", 1)[0]: row for row in rows}
+def replicas_by_host(core) -> dict[str, ReplicaView]:
+    rows = core.inventory().deployments["primary"].replicas
+    return {row.endpoint.split("//")[1].rsplit(":", 1)[0]: row for row in rows}
 
 
 def discovered(core) -> dict[str, str]:
-    (entry,) = core.inventory()["deployments"]["primary"]["discovery"]
-    return {row["address"].rsplit(":", 1)[0]: row["status"] for row in entry["discovered"]}
+    (entry,) = core.inventory().deployments["primary"].discovery
+    return {row.address.rsplit(":", 1)[0]: row.status for row in entry.discovered}
 
 
 async def until(condition, what: str, timeout_s: float = 30) -> None:
@@ -196,25 +197,25 @@ async def test_discovered_fleet_survives_a_kill_readmits_grows_and_drains(
 
                 # SIGKILL one host's worker under load
                 victim = HOSTS[1]
-                victim_id = replicas_by_host(core)[victim]["id"]
+                victim_id = replicas_by_host(core)[victim].id
                 load.phase = "kill"
                 fleet.kill(victim)
-                await until(lambda: not replicas_by_host(core)[victim]["ready"], "kill seen")
+                await until(lambda: not replicas_by_host(core)[victim].ready, "kill seen")
                 await load.at_least(30)
                 assert load.errors == []
 
                 # it comes back on the same address: the same replica, readmitted
                 load.phase = "readmit"
                 fleet.start(victim)
-                await until(lambda: replicas_by_host(core)[victim]["ready"], "readmitted")
-                assert replicas_by_host(core)[victim]["id"] == victim_id
+                await until(lambda: replicas_by_host(core)[victim].ready, "readmitted")
+                assert replicas_by_host(core)[victim].id == victim_id
                 await load.at_least(20)
 
                 # a fourth address joins without a restart
                 load.phase = "join"
                 resolver.hosts.append(FOURTH)
                 await until(lambda: discovered(core).get(FOURTH) == "member", "4th joined")
-                assert replicas_by_host(core)[FOURTH]["ready"]
+                assert replicas_by_host(core)[FOURTH].ready
                 await load.at_least(20)
 
                 # an address removed is drained, then forgotten
@@ -231,7 +232,7 @@ async def test_discovered_fleet_survives_a_kill_readmits_grows_and_drains(
                 (entry,) = answer.json()["deployments"]["primary"]["discovery"]
                 assert entry["last_good_resolution"]["count"] == 3
                 assert entry["last_resolution"]["error"] is None
-                lines = render_inventory(answer.json())
+                lines = render_inventory(inventory_from_json(answer.json()))
                 assert f"  discover dns://{NAME}:{port}: 3/3 joined; resolved" in "\n".join(lines)
 
                 load.phase = "stop"

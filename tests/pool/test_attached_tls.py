@@ -132,8 +132,8 @@ async def row_when_settled(core, *, want_ready: bool, timeout_s: float = 30) -> 
     """The one replica's inventory row, once it is ready (or has given a reason)."""
     with trio.fail_after(timeout_s):
         while True:
-            rows = core.inventory()["deployments"]["primary"]["replicas"]
-            if rows and (rows[0]["ready"] if want_ready else rows[0]["reason"]):
+            rows = core.inventory().deployments["primary"].replicas
+            if rows and (rows[0].ready if want_ready else rows[0].reason):
                 return rows[0]
             await trio.sleep(0.05)
 
@@ -174,8 +174,8 @@ async def test_https_endpoint_and_discovered_fleet_verified_with_the_ca_bundle_a
         ) as core:
             await core.wait_ready(30)
             assert len((await core.embed("primary", "discovered")).vectors) == 1
-            row = core.inventory()["deployments"]["primary"]["replicas"][0]
-            assert row["endpoint"] == url and row["state"] == "ready"
+            row = core.inventory().deployments["primary"].replicas[0]
+            assert row.endpoint == url and row.state.value == "ready"
 
         # another name for the same address: the certificate does not carry it, so the
         # worker is refused although its address is in the certificate
@@ -192,24 +192,24 @@ async def test_https_endpoint_and_discovered_fleet_verified_with_the_ca_bundle_a
             with trio.move_on_after(3):
                 await core.wait_ready(30)
             assert not core.is_ready()
-            (entry,) = core.inventory()["deployments"]["primary"]["discovery"]
-            (row,) = entry["discovered"]
-            assert (row["status"], row["state"]) == ("joining", "unreachable")
-            assert "CERTIFICATE_VERIFY_FAILED" in row["reason"], row["reason"]
-            assert "other.sr.test" in row["reason"]  # checked against the discovered name
+            (entry,) = core.inventory().deployments["primary"].discovery
+            (row,) = entry.discovered
+            assert (row.status, row.state.value) == ("joining", "unreachable")
+            assert "CERTIFICATE_VERIFY_FAILED" in row.reason, row.reason
+            assert "other.sr.test" in row.reason  # checked against the discovered name
 
         # without the CA bundle (httpx's default roots): the certificate is refused
         untrusted = Replica(endpoint=url, model=artifact, api_key_env="SR_TEST_TLS_KEY")
         async with open_router(deployment_of(artifact, untrusted), run_dir=tmp_path / "r3") as core:
             row = await row_when_settled(core, want_ready=False)
-            assert row["state"] == ReplicaState.UNREACHABLE.value
-            assert "CERTIFICATE_VERIFY_FAILED" in row["reason"], row["reason"]
+            assert row.state is ReplicaState.UNREACHABLE
+            assert "CERTIFICATE_VERIFY_FAILED" in row.reason, row.reason
 
         # the wrong key: /health is open, but the card is refused, so it never serves
         wrong = Replica(endpoint=url, model=artifact, ca_bundle=str(ca))
         wrong.api_key_env = "SR_TEST_TLS_WRONG_KEY"
         async with open_router(deployment_of(artifact, wrong), run_dir=tmp_path / "r4") as core:
             row = await row_when_settled(core, want_ready=False)
-            assert row["state"] == ReplicaState.UNREACHABLE.value and not core.is_ready()
+            assert row.state is ReplicaState.UNREACHABLE and not core.is_ready()
         nursery.cancel_scope.cancel()
     assert os.environ["SR_TEST_TLS_KEY"] == KEY  # the key stayed in the environment only

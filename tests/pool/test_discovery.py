@@ -15,6 +15,7 @@ from sr.events import RecordingSink
 from sr.pool import ReloadFailed, StartupFailed, open_router
 from sr.pool.discovery import DnsResolver
 from sr.pool.transport import InProcessTransport, TransportError
+from sr.pool.views import DeploymentView
 from sr.router.inventory_table import render_inventory
 
 ARTIFACT = "/models/tiny"
@@ -107,17 +108,17 @@ def router(cfg, fleet, resolver, tmp_path, sink=None):
     )
 
 
-def view(core) -> dict:
-    return core.inventory()["deployments"]["primary"]
+def view(core) -> DeploymentView:
+    return core.inventory().deployments["primary"]
 
 
 def statuses(core) -> dict[str, str]:
-    (entry,) = view(core)["discovery"]
-    return {row["address"]: row["status"] for row in entry["discovered"]}
+    (entry,) = view(core).discovery
+    return {row.address: row.status for row in entry.discovered}
 
 
 def endpoints(core) -> list[str]:
-    return sorted(row["endpoint"] for row in view(core)["replicas"])
+    return sorted(row.endpoint for row in view(core).replicas)
 
 
 async def embed(core):
@@ -139,7 +140,7 @@ async def test_an_address_joins_only_after_its_health_and_card_checks(tmp_path, 
             "10.0.0.3:8100": "joining",
         }
         inv = view(core)
-        assert (inv["desired_replicas"], inv["ready_replicas"], inv["state"]) == (3, 1, "degraded")
+        assert (inv.desired_replicas, inv.ready_replicas, inv.state) == (3, 1, "degraded")
         for _ in range(4):
             await embed(core)
         assert (fleet[A1].served, fleet[A2].served, fleet[A3].served) == (4, 0, 0)
@@ -171,8 +172,8 @@ async def test_the_same_set_again_changes_nothing(tmp_path, autojump_clock):
         assert after.keys() == before.keys()
         assert all(after[key] is runner for key, runner in before.items())  # same tasks
         assert len(sink.named("discovery_changed")) == 1  # the first resolution only
-        (entry,) = view(core)["discovery"]
-        assert entry["last_resolution"]["count"] == 2 and entry["last_resolution"]["error"] is None
+        (entry,) = view(core).discovery
+        assert entry.last_resolution.count == 2 and entry.last_resolution.error is None
 
 
 async def test_a_failed_resolution_keeps_the_last_good_set_and_says_so(tmp_path, autojump_clock):
@@ -186,10 +187,10 @@ async def test_a_failed_resolution_keeps_the_last_good_set_and_says_so(tmp_path,
         resolver.error = OSError(-2, "Name or service not known")
         await trio.sleep(REFRESH_S)  # the refresh fails
         assert endpoints(core) == members
-        (entry,) = view(core)["discovery"]
-        assert "Name or service not known" in entry["last_resolution"]["error"]
-        assert entry["last_good_resolution"]["count"] == 2
-        assert entry["last_good_resolution"]["error"] is None
+        (entry,) = view(core).discovery
+        assert "Name or service not known" in entry.last_resolution.error
+        assert entry.last_good_resolution.count == 2
+        assert entry.last_good_resolution.error is None
         assert set(statuses(core).values()) == {"member"}
         assert (await embed(core))["ok"] is True
         assert sink.named("discovery_failed")[-1]["kept"] == 2
@@ -206,20 +207,20 @@ async def test_a_failed_resolution_keeps_the_last_good_set_and_says_so(tmp_path,
         resolver.error = None
         resolver.answer = []  # an empty answer is a failure too: the set stays
         await trio.sleep(7)  # the next retry, 8 s after the last
-        (entry,) = view(core)["discovery"]
-        assert entry["last_resolution"]["error"] == "resolved to no address"
+        (entry,) = view(core).discovery
+        assert entry.last_resolution.error == "resolved to no address"
         assert endpoints(core) == members
 
         resolver.answer = [("10.0.0.1", "not a port")]  # a resolver's malformed answer
         await trio.sleep(REFRESH_S)  # retries are capped at refresh_s
-        (entry,) = view(core)["discovery"]
-        assert entry["last_resolution"]["error"].startswith("ValueError: invalid literal")
+        (entry,) = view(core).discovery
+        assert entry.last_resolution.error.startswith("ValueError: invalid literal")
         assert endpoints(core) == members
 
         resolver.answer = [A1, A2]
         await trio.sleep(REFRESH_S)
-        (entry,) = view(core)["discovery"]
-        assert entry["last_resolution"]["error"] is None
+        (entry,) = view(core).discovery
+        assert entry.last_resolution.error is None
 
 
 async def test_a_vanished_address_is_drained_then_forgotten(tmp_path, autojump_clock):
@@ -243,8 +244,8 @@ async def test_a_vanished_address_is_drained_then_forgotten(tmp_path, autojump_c
             resolver.answer = [A1]
             await trio.sleep(REFRESH_S)
             assert statuses(core) == {"10.0.0.1:8100": "member", "10.0.0.2:8100": "leaving"}
-            row = next(r for r in view(core)["replicas"] if r["endpoint"].endswith("0.2:8100"))
-            assert (row["state"], row["inflight"]) == ("draining", 1)
+            row = next(r for r in view(core).replicas if r.endpoint.endswith("0.2:8100"))
+            assert (row.state.value, row.inflight) == ("draining", 1)
             for _ in range(3):  # new work goes to the address that stayed
                 await embed(core)
             assert fleet[A2].served == 0
@@ -291,7 +292,7 @@ async def test_reload_warms_a_new_entry_first_and_fails_when_it_cannot_resolve(
         with pytest.raises(ReloadFailed, match=r"old config still serving.*no such name"):
             await core.reload(discovered_config(), timeout_s=5)
         assert endpoints(core) == ["http://10.0.0.9:8100"]
-        assert "discovery" not in view(core)
+        assert view(core).discovery is None
 
         resolver.error = None
         fleet[A1].health = "loading"

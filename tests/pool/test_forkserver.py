@@ -48,27 +48,27 @@ async def test_forked_workers_answer_restart_after_sigkill_and_leave_with_the_ro
         tiny_config(tiny_model_dir, 2), events=sink, threads=1, run_dir=tmp_path / "run"
     ) as core:
         await core.wait_ready(60)
-        await wait_until(lambda: all(r["ready"] for r in rows(core)), 60)
+        await wait_until(lambda: all(r.ready for r in rows(core)), 60)
         victim, survivor = rows(core)
-        server = parent_of(victim["pid"])
+        server = parent_of(victim.pid)
         # both forked by one fork server, not by us; each shows its own worker argv
-        assert server != os.getpid() and parent_of(survivor["pid"]) == server
+        assert server != os.getpid() and parent_of(survivor.pid) == server
         assert "sr.pool.forkserver" in cmdline(server)
-        argv = cmdline(victim["pid"])
+        argv = cmdline(victim.pid)
         assert argv[1:4] == ["-m", "sr", "worker"] and "--parent-fd" in argv
         assert Path(argv[argv.index("--uds") + 1]).parent == tmp_path / "run"
-        assert {await embed(core), await embed(core)} == {victim["id"], survivor["id"]}
+        assert {await embed(core), await embed(core)} == {victim.id, survivor.id}
 
-        os.kill(victim["pid"], signal.SIGKILL)
-        await wait_until(lambda: rows(core)[0]["state"] == "restarting", 5)
-        assert rows(core)[0]["reason"].startswith("killed by SIGKILL; restarting in ")
-        await wait_until(lambda: rows(core)[0]["state"] == "ready", 30)
+        os.kill(victim.pid, signal.SIGKILL)
+        await wait_until(lambda: rows(core)[0].state.value == "restarting", 5)
+        assert rows(core)[0].reason.startswith("killed by SIGKILL; restarting in ")
+        await wait_until(lambda: rows(core)[0].state.value == "ready", 30)
         restarted = rows(core)[0]
-        assert restarted["restarts"] == 1 and restarted["pid"] not in (None, victim["pid"])
-        assert parent_of(restarted["pid"]) == server  # the same server forked it again
-        assert rows(core)[1]["pid"] == survivor["pid"]
-        assert victim["id"] in {await embed(core) for _ in range(4)}
-        workers = [restarted["pid"], survivor["pid"]]
+        assert restarted.restarts == 1 and restarted.pid not in (None, victim.pid)
+        assert parent_of(restarted.pid) == server  # the same server forked it again
+        assert rows(core)[1].pid == survivor.pid
+        assert victim.id in {await embed(core) for _ in range(4)}
+        workers = [restarted.pid, survivor.pid]
     assert wait_gone([*workers, server], 10) == []
     assert sink.named("fork_server_unavailable") == []
 
@@ -85,8 +85,8 @@ async def test_a_forked_workers_exit_code_and_last_line_make_the_reason(
     async with open_router(
         tiny_config(tiny_model_dir, 1), threads=1, run_dir=tmp_path / "run"
     ) as core:
-        await wait_until(lambda: rows(core)[0]["state"] == "restarting", 60)
-        reason = rows(core)[0]["reason"]
+        await wait_until(lambda: rows(core)[0].state.value == "restarting", 60)
+        reason = rows(core)[0].reason
     assert reason.startswith("exited 2: sr worker: "), reason
     assert "threads" in reason and reason.endswith("; restarting in 1s")
 
@@ -100,27 +100,27 @@ async def test_after_the_fork_server_dies_workers_serve_and_replicas_still_start
     ) as core:
         await core.wait_ready(60)
         worker = rows(core)[0]
-        server = parent_of(worker["pid"])
+        server = parent_of(worker.pid)
         assert server != os.getpid(), "the worker was spawned, not forked"  # never kill us
         os.kill(server, signal.SIGKILL)
         assert wait_gone([server], 5) == []
-        assert await embed(core) == worker["id"]  # its worker does not depend on it
-        assert pid_alive(worker["pid"])
+        assert await embed(core) == worker.id  # its worker does not depend on it
+        assert pid_alive(worker.pid)
 
-        os.kill(worker["pid"], signal.SIGKILL)
-        await wait_until(lambda: rows(core)[0]["state"] == "restarting", 5)
+        os.kill(worker.pid, signal.SIGKILL)
+        await wait_until(lambda: rows(core)[0].state.value == "restarting", 5)
         # nobody is left to reap it and tell its status: said so, not guessed
-        assert rows(core)[0]["reason"].startswith(
+        assert rows(core)[0].reason.startswith(
             "exited (exit status unknown: the fork server that started it is gone); "
         )
-        await wait_until(lambda: rows(core)[0]["state"] == "ready", 60)
+        await wait_until(lambda: rows(core)[0].state.value == "ready", 60)
         fresh = rows(core)[0]
-        new_server = parent_of(fresh["pid"])
+        new_server = parent_of(fresh.pid)
         assert new_server not in (server, os.getpid())  # a new fork server forked it
         assert "sr.pool.forkserver" in cmdline(new_server)
-        assert await embed(core) == worker["id"]
+        assert await embed(core) == worker.id
     assert sink.named("fork_server_unavailable") == []
-    assert wait_gone([fresh["pid"], new_server], 10) == []
+    assert wait_gone([fresh.pid, new_server], 10) == []
 
 
 async def test_a_fork_server_that_cannot_start_falls_back_to_spawn(
@@ -133,8 +133,8 @@ async def test_a_fork_server_that_cannot_start_falls_back_to_spawn(
     ) as core:
         await core.wait_ready(60)
         worker = rows(core)[0]
-        assert parent_of(worker["pid"]) == os.getpid()  # spawned by us, as without a server
-        assert await embed(core) == worker["id"]
+        assert parent_of(worker.pid) == os.getpid()  # spawned by us, as without a server
+        assert await embed(core) == worker.id
     [event] = sink.named("fork_server_unavailable")
     assert event["fallback"] == "spawn" and "did not start" in event["reason"]
 

@@ -50,8 +50,8 @@ def test_rule2_threshold_ejects_for_base_and_probes(make_policy):
     on(policy, b, Outcome.OK, 10.5)
     assert on(policy, a, Outcome.TIMEOUT, 11) is True  # probe at once
     assert a.state(11.999) is ReplicaState.EJECTED
-    assert a.snapshot(11.25)["ejected_for_ms"] == 750
-    assert a.snapshot(11.25)["state"] == "ejected"
+    assert a.snapshot(11.25).ejected_for_ms == 750
+    assert a.snapshot(11.25).state.value == "ejected"
     assert a.state(12.0 + 3.2) is ReplicaState.READY  # after cooldown (and backoff)
     # while ejected, b takes all the work
     assert {policy.reserve(1, now=11.5).record.id for _ in range(5)} == {"r1"}
@@ -175,7 +175,7 @@ def test_rule8_events_and_inventory(make_policy):
     on(policy, b, Outcome.OK, 0.5)
     on(policy, a, Outcome.TIMEOUT, 1)
     row = a.snapshot(1.5)
-    assert (row["state"], row["ejected_for_ms"], row["ejections"]) == ("ejected", 1500, 1)
+    assert (row.state.value, row.ejected_for_ms, row.ejections) == ("ejected", 1500, 1)
     assert sink.named("replica_state")[-1]["state"] == "ejected"
     policy.refresh(3.5)  # the cooldown has ended: readmitted on probation
     assert sink.named("replica_readmitted") == [
@@ -187,7 +187,7 @@ def test_rule8_events_and_inventory(make_policy):
         "state": "ready",
         "reason": None,
     }
-    assert "ejected_for_ms" not in a.snapshot(3.5)
+    assert a.snapshot(3.5).ejected_for_ms is None
 
 
 def test_a_cooldown_noticed_by_the_prober_first_is_still_a_readmission(make_policy):

@@ -19,6 +19,7 @@ from sr.events import RecordingSink
 from sr.pool import ReloadFailed, StartupFailed, open_router
 from sr.pool.durations import parse_duration, ready_timeout_s
 from sr.pool.identity import replica_identities
+from sr.pool.views import startup_status_json
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def test_requests_flow_and_inventory(fake_worker, configs, tmp_path, autoj
     cfg = configs.config_with(("primary", configs.cpu(2)))
     async with router(cfg, fake_worker, tmp_path, sink) as core:
         assert not core.is_ready()
-        assert core.inventory()["deployments"]["primary"]["state"] == "starting"
+        assert core.inventory().deployments["primary"].state == "starting"
         await core.wait_ready(5)
         await trio.sleep(1)  # wait_ready needs one ready replica; let the second load too
         assert core.resolve("/models/tiny") == "primary"
@@ -50,13 +51,13 @@ async def test_requests_flow_and_inventory(fake_worker, configs, tmp_path, autoj
             core.resolve("nope")
         answer = await core.request("primary", "/v1/embeddings", {"input": "hi"})
         assert answer["model"] == "/models/tiny"
-        inv = core.inventory()["deployments"]["primary"]
-        assert (inv["desired_replicas"], inv["ready_replicas"], inv["state"]) == (2, 2, "ready")
-        row = inv["replicas"][0]
-        assert row["threads"] == 2 and row["device"] == "cpu" and row["inflight"] == 0
+        inv = core.inventory().deployments["primary"]
+        assert (inv.desired_replicas, inv.ready_replicas, inv.state) == (2, 2, "ready")
+        row = inv.replicas[0]
+        assert row.threads == 2 and row.device == "cpu" and row.inflight == 0
         states = [(e["state"]) for e in sink.named("replica_state")]
         assert states.count("ready") == 2 and "loading" in states
-        status = core.startup_status()
+        status = startup_status_json(core.inventory())
         assert status["ready"] is True
         assert set(status["deployments"]["primary"]["replicas"][0]) >= {"id", "state", "reason"}
 
@@ -76,8 +77,8 @@ async def test_deadline_is_timeout_and_releases_admission(
         with pytest.raises(DeadlineExceeded):
             await core.request_raw("d", "/v1/embeddings", b"{}", timeout_s=60)
         assert trio.current_time() - start == pytest.approx(0.5 + 0.1 + 2.0, abs=0.25)
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert (row["inflight"], row["outstanding_bytes"], row["consecutive_timeouts"]) == (
+        row = core.inventory().deployments["d"].replicas[0]
+        assert (row.inflight, row.outstanding_bytes, row.consecutive_timeouts) == (
             0,
             0,
             2,
@@ -93,8 +94,8 @@ async def test_outer_cancel_is_canceled_and_releases(
         await core.wait_ready(5)
         with trio.move_on_after(1):
             await core.request_raw("d", "/v1/embeddings", b"{}")
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert (row["inflight"], row["consecutive_timeouts"], row["state"]) == (0, 0, "ready")
+        row = core.inventory().deployments["d"].replicas[0]
+        assert (row.inflight, row.consecutive_timeouts, row.state.value) == (0, 0, "ready")
 
 
 async def test_admission_cap_through_the_core(fake_worker, configs, tmp_path, autojump_clock):
@@ -109,11 +110,11 @@ async def test_admission_cap_through_the_core(fake_worker, configs, tmp_path, au
             await trio.testing.wait_all_tasks_blocked()
             with pytest.raises(Overloaded):
                 await core.request_raw("d", "/v1/embeddings", b"{}")
-            rows = core.inventory()["deployments"]["d"]["replicas"]
-            assert [r["inflight"] for r in rows] == [32, 32]
+            rows = core.inventory().deployments["d"].replicas
+            assert [r.inflight for r in rows] == [32, 32]
             nursery.cancel_scope.cancel()
-        rows = core.inventory()["deployments"]["d"]["replicas"]
-        assert [r["inflight"] for r in rows] == [0, 0]
+        rows = core.inventory().deployments["d"].replicas
+        assert [r.inflight for r in rows] == [0, 0]
 
 
 async def test_worker_4xx_and_5xx(fake_worker, configs, tmp_path, autojump_clock):
@@ -128,7 +129,7 @@ async def test_worker_4xx_and_5xx(fake_worker, configs, tmp_path, autojump_clock
         fake_worker.behaviour["mode"] = "fail"
         with pytest.raises(WorkerFailed, match="boom"):
             await core.request_raw("d", "/v1/embeddings", b"{}")
-        assert core.inventory()["deployments"]["d"]["replicas"][0]["state"] == "backoff"
+        assert core.inventory().deployments["d"].replicas[0].state.value == "backoff"
 
 
 async def test_incompatible_replica_is_shown_and_never_dispatched(
@@ -139,8 +140,8 @@ async def test_incompatible_replica_is_shown_and_never_dispatched(
     async with router(cfg, fake_worker, tmp_path) as core:
         with pytest.raises(StartupFailed, match="max_num_seqs: deployment sets 64"):
             await core.wait_ready(5)
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert row["state"] == "incompatible" and "worker reports 32" in row["reason"]
+        row = core.inventory().deployments["d"].replicas[0]
+        assert row.state.value == "incompatible" and "worker reports 32" in row.reason
 
 
 async def test_worker_serving_another_artifact_is_incompatible(
@@ -151,8 +152,8 @@ async def test_worker_serving_another_artifact_is_incompatible(
     async with router(cfg, fake_worker, tmp_path) as core:
         with pytest.raises(StartupFailed, match="artifact: deployment serves '/models/tiny'"):
             await core.wait_ready(5)
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert row["state"] == "incompatible" and "'/models/other'" in row["reason"]
+        row = core.inventory().deployments["d"].replicas[0]
+        assert row.state.value == "incompatible" and "'/models/other'" in row.reason
 
 
 async def test_startup_fails_fast_when_every_replica_fails(
@@ -190,8 +191,8 @@ async def test_ejection_end_to_end_through_the_core(fake_worker, configs, tmp_pa
         assert [w["rule"] for w in withheld] == ["serving_replica"]
         ejected = sink.named("replica_ejected")
         assert len(ejected) == 1 and ejected[0]["duration_ms"] == 10_000
-        row = next(r for r in core.inventory()["deployments"]["d"]["replicas"] if r["ejections"])
-        assert row["state"] == "ejected" and 0 < row["ejected_for_ms"] <= 10_000
+        row = next(r for r in core.inventory().deployments["d"].replicas if r.ejections)
+        assert row.state.value == "ejected" and 0 < row.ejected_for_ms <= 10_000
         await trio.sleep(10.5)
         readmitted = sink.named("replica_readmitted")
         assert readmitted and readmitted[0]["reason"] == "cooldown"
@@ -209,7 +210,7 @@ async def test_reload_keeps_unchanged_replicas_and_bindings_restart_nothing(
         await core.reload(bigger, timeout_s=5)
         after = core.pools["d"].runners
         assert len(after) == 3 and all(after[k] is v for k, v in before.items())
-        assert core.inventory()["deployments"]["d"]["ready_replicas"] == 3
+        assert core.inventory().deployments["d"].ready_replicas == 3
         smaller = configs.config_with(("d", configs.cpu(1)))
         await core.reload(smaller, timeout_s=5)
         await trio.sleep(1)
@@ -288,8 +289,8 @@ async def test_request_whose_worker_died_is_retried_once_on_another(
         assert all(reply.status == 200 for reply in replies)
         dead, alive = sorted(fake_worker.instances, key=lambda w: -w.died)
         assert (dead.died, dead.served, alive.served) == (1, 0, 3)  # backed off after dying
-        rows = core.inventory()["deployments"]["d"]["replicas"]
-        assert sorted(row["state"] for row in rows) == ["backoff", "ready"]
+        rows = core.inventory().deployments["d"].replicas
+        assert sorted(row.state.value for row in rows) == ["backoff", "ready"]
 
 
 async def test_retry_is_once_and_a_lone_dead_worker_is_worker_failed(
@@ -315,14 +316,14 @@ async def test_inventory_follows_adaptive_thread_learning_until_it_settles(
     fake_worker.behaviour["adaptive"] = {"mode": 1, "status": "learning", "table": {}}
     async with router(cfg, fake_worker, tmp_path) as core:
         await core.wait_ready(5)
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert row["adaptive_threads"]["status"] == "learning"
+        row = core.inventory().deployments["d"].replicas[0]
+        assert row.adaptive_threads["status"] == "learning"
         learned = {"mode": 1, "status": "learned", "table": {"4": {"learned": 1}}}
         fake_worker.behaviour["adaptive"] = learned
         await trio.sleep(5)  # a few slow probes
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert row["adaptive_threads"] == learned
+        row = core.inventory().deployments["d"].replicas[0]
+        assert row.adaptive_threads == learned
         fake_worker.behaviour["adaptive"] = {"mode": 1, "status": "changed-after-settling"}
         await trio.sleep(5)
-        row = core.inventory()["deployments"]["d"]["replicas"][0]
-        assert row["adaptive_threads"] == learned  # settled: no more card reads
+        row = core.inventory().deployments["d"].replicas[0]
+        assert row.adaptive_threads == learned  # settled: no more card reads

@@ -202,12 +202,12 @@ async def test_a_managed_workers_exit_reason_and_lines(monkeypatch, tmp_path, ki
                     sink.named("replica_state")[-1]["state"] != "restarting"
                 ):
                     await trio.sleep(0.02)
-                (row,) = core.inventory()["deployments"]["primary"]["replicas"]
+                (row,) = core.inventory().deployments["primary"].replicas
     finally:
         worker_logger.removeHandler(handler)
         worker_logger.setLevel(level)
     assert sink.named("replica_state")[-1]["reason"] == reason
-    assert row["reason"] == reason
+    assert row.reason == reason
     (replica_id,) = {e["replica"] for e in sink.named("replica_state")}
     argv = argvs[0]
     assert argv[argv.index("--deployment") + 1 :][:3] == ["primary", "--replica", replica_id]

@@ -12,6 +12,8 @@ import trio
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import ModelNotFound, SrError
+from sr.pool.state import ReplicaState
+from sr.pool.views import DeploymentView, Inventory, ReplicaView
 
 
 @attrs.define
@@ -77,43 +79,43 @@ class FakeRouterCore:
         """No replica cards here: `sr_model_info` labels the configured dtype."""
         return None
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self) -> Inventory:
         deployments = {}
         for name, deployment in self.config.deployments.items():
-            replicas = [
-                {
-                    "id": f"{name}-{i}",
-                    "device": "cpu",
-                    "state": self.replica_states.get(
-                        f"{name}-{i}", "ready" if self.ready else "loading"
+            replicas = tuple(
+                ReplicaView(
+                    id=f"{name}-{i}",
+                    device="cpu",
+                    endpoint=None,
+                    state=ReplicaState(
+                        self.replica_states.get(f"{name}-{i}", "ready" if self.ready else "loading")
                     ),
-                    "ready": self.ready and f"{name}-{i}" not in self.replica_states,
-                    "inflight": i,
-                    "outstanding_bytes": 100 * i,
-                    "restarts": 0,
-                    "consecutive_timeouts": 0,
-                    "ejections": 0,
-                    "threads": 1,
-                    "reason": None,
-                }
+                    ready=self.ready and f"{name}-{i}" not in self.replica_states,
+                    inflight=i,
+                    outstanding_bytes=100 * i,
+                    restarts=0,
+                    consecutive_timeouts=0,
+                    ejections=0,
+                    threads=1,
+                    pid=None,
+                    reason=None,
+                )
                 for i in range(len(deployment.placements()))
-            ]
-            deployments[name] = {
-                "desired_replicas": len(replicas),
-                "ready_replicas": len(replicas) if self.ready else 0,
-                "state": "ready" if self.ready else "starting",
-                "restarts": 0,
-                "replicas": replicas,
-            }
-        return {"deployments": deployments}
+            )
+            deployments[name] = DeploymentView(
+                artifact=deployment.artifact,
+                desired_replicas=len(replicas),
+                ready_replicas=len(replicas) if self.ready else 0,
+                state="ready" if self.ready else "starting",
+                restarts=0,
+                replicas=replicas,
+            )
+        return Inventory(ready=self.ready, deployments=deployments)
 
     async def replica_metrics(self, timeout_s: float) -> list:
         """The scripted scrapes (sr.pool.supervisor.ReplicaScrape values); none by default."""
         self.scrape_timeouts.append(timeout_s)
         return list(self.replica_scrapes)
-
-    def startup_status(self) -> dict[str, Any]:
-        return {"ready": self.ready, "deployments": self.inventory()["deployments"]}
 
     def is_ready(self) -> bool:
         return self.ready

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,28 +12,39 @@ import yaml
 
 from sr.config.load import dump_config
 from sr.config.schema import default_config
+from sr.pool.views import Inventory, inventory_from_json, inventory_json
 from sr.router import inventory_cli
 from sr.router.inventory_table import render_inventory
 
-INVENTORY = {
+# What a router answers (GET /api/v1/inventory/model-runtime), as JSON.
+INVENTORY_JSON = {
     "ready": True,
     "deployments": {
         "primary": {
+            "artifact": "/models/primary",
             "desired_replicas": 2,
             "ready_replicas": 1,
             "state": "degraded",
             "restarts": 3,
             "replicas": [
-                {"id": "primary-0", "device": "cpu", "state": "ready", "inflight": 4,
-                 "outstanding_bytes": 812, "restarts": 0, "ejections": 0, "threads": 2,
+                {"id": "primary-0", "device": "cpu", "endpoint": None, "state": "ready",
+                 "ready": True, "inflight": 4, "outstanding_bytes": 812, "restarts": 0,
+                 "consecutive_timeouts": 0, "ejections": 0, "threads": 2, "pid": 101,
                  "reason": None},
-                {"id": "primary-1", "device": "cpu", "state": "ejected", "ejected_for_ms": 29000,
-                 "inflight": 0, "outstanding_bytes": 0, "restarts": 3, "ejections": 1,
-                 "threads": 2, "reason": "3 consecutive timeouts"},
+                {"id": "primary-1", "device": "cpu", "endpoint": None, "state": "ejected",
+                 "ready": False, "inflight": 0, "outstanding_bytes": 0, "restarts": 3,
+                 "consecutive_timeouts": 3, "ejections": 1, "threads": 2, "pid": 102,
+                 "reason": "3 consecutive timeouts", "ejected_for_ms": 29000},
             ],
         }
     },
 }  # fmt: skip
+INVENTORY = inventory_from_json(INVENTORY_JSON)
+
+
+def test_the_json_reads_into_the_views_and_back_unchanged():
+    assert inventory_json(INVENTORY) == INVENTORY_JSON
+    assert json.dumps(inventory_json(INVENTORY)) == json.dumps(INVENTORY_JSON)
 
 
 def test_table_lists_every_replica_with_its_numbers():
@@ -58,7 +70,7 @@ def test_colour_marks_states_without_breaking_columns():
 
 
 def test_empty_inventory():
-    assert render_inventory({"deployments": {}})[0] == "no deployments"
+    assert render_inventory(Inventory(ready=False, deployments={}))[0] == "no deployments"
 
 
 def test_connection_refused_is_one_line_exit_1(capsys):
@@ -73,7 +85,7 @@ class _InventoryHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         ok = self.headers.get("Authorization") == "Bearer k"
-        status, body = (200, json.dumps(INVENTORY)) if ok else (401, '{"error":{}}')
+        status, body = (200, json.dumps(self.server.answer)) if ok else (401, '{"error":{}}')
         payload = body.encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -86,13 +98,19 @@ class _InventoryHandler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def inventory_url():
+def inventory_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _InventoryHandler)
+    server.answer = INVENTORY_JSON  # what GET answers; a test may replace it
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
     server.shutdown()
     thread.join(5)
+
+
+@pytest.fixture
+def inventory_url(inventory_server):
+    return f"http://127.0.0.1:{inventory_server.server_address[1]}"
 
 
 def test_prints_table_with_api_key_and_refuses_without(inventory_url, capsys):
@@ -102,6 +120,44 @@ def test_prints_table_with_api_key_and_refuses_without(inventory_url, capsys):
     out = capsys.readouterr().out
     assert "primary-1" in out
     assert "\x1b[" not in out  # captured stdout is not a tty
+
+
+def _replica(answer, index):
+    return answer["deployments"]["primary"]["replicas"][index]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda a: _replica(a, 0).pop("state"), "replicas[0].state: required field missing"),
+        (lambda a: _replica(a, 1).update(inflight="0"), "replicas[1].inflight: expected int"),
+        (lambda a: _replica(a, 1).update(state="asleep"), "replicas[1].state: expected one of"),
+        (lambda a: a["deployments"]["primary"].update(replicas={}), "replicas: expected a list"),
+        (lambda a: a.update(deployments=[]), "inventory.deployments: expected an object"),
+        (lambda a: a.clear(), "inventory.ready: required field missing"),
+    ],
+)
+def test_an_answer_of_another_shape_is_one_line_naming_the_field_exit_1(
+    inventory_server, inventory_url, capsys, change, named
+):
+    answer = copy.deepcopy(INVENTORY_JSON)
+    change(answer)
+    inventory_server.answer = answer
+    assert inventory_cli.main(["--url", inventory_url, "--api-key", "k"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and captured.out == ""
+    assert "did not answer an inventory this sr reads: " in lines[0]
+    assert named in lines[0]
+
+
+def test_fields_a_newer_router_adds_are_ignored(inventory_server, inventory_url, capsys):
+    answer = copy.deepcopy(INVENTORY_JSON)
+    answer["deployments"]["primary"]["replicas"][0]["queue_depth"] = 7
+    answer["uptime_s"] = 12
+    inventory_server.answer = answer
+    assert inventory_cli.main(["--url", inventory_url, "--api-key", "k"]) == 0
+    assert capsys.readouterr().out.splitlines() == render_inventory(INVENTORY)
 
 
 def test_watch_redraws_until_ctrl_c(inventory_url, capsys, monkeypatch):
@@ -215,6 +271,7 @@ class _Restartable:
     def start(self, port: int | None = None) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port if port is None else port),
                                           _InventoryHandler)  # fmt: skip
+        self.server.answer = INVENTORY_JSON
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )

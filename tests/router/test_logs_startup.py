@@ -8,11 +8,13 @@ import logging
 import re
 from datetime import UTC, datetime
 
+import attrs
 import pytest
 import trio
 
 from sr.errors import UsageError
 from sr.events import EventSink
+from sr.pool.views import DeploymentView, Inventory
 from sr.router.logs import AccessLog, configure_logging, resolve_log_format
 from sr.router.serve import serve
 from sr.router.startup import ReplicaCount, StartupProgress, replica_counts
@@ -258,12 +260,12 @@ def test_a_full_start_prints_serving_then_all_ready_at_once_for_every_deployment
 
 
 def test_replica_counts_read_the_inventory():
-    inventory = {
-        "deployments": {
-            "primary": {"desired_replicas": 2, "ready_replicas": 1, "replicas": []},
-            "rerank": {"desired_replicas": 1, "ready_replicas": 0, "replicas": []},
-        }
-    }
+    def deployment(desired: int, ready: int) -> DeploymentView:
+        return DeploymentView("/m", desired, ready, "degraded", 0, replicas=())
+
+    inventory = Inventory(
+        ready=False, deployments={"primary": deployment(2, 1), "rerank": deployment(1, 0)}
+    )
     assert replica_counts(inventory) == [
         ReplicaCount("primary", 1, 2),
         ReplicaCount("rerank", 0, 1),
@@ -277,9 +279,11 @@ class PartlyReadyCore(FakeRouterCore):
 
     def inventory(self):
         inventory = super().inventory()
-        for row in inventory["deployments"].values():
-            row["ready_replicas"] = self.ready_now
-        return inventory
+        deployments = {
+            name: attrs.evolve(row, ready_replicas=self.ready_now)
+            for name, row in inventory.deployments.items()
+        }
+        return attrs.evolve(inventory, deployments=deployments)
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -64,7 +64,7 @@ async def test_connected_replicas_are_scraped_in_parallel_outside_dispatch(tmp_p
             config, events=RecordingSink(), in_process=True, threads=1,
             run_dir=tmp_path / "run", worker_factory=factory,
         ) as core:  # fmt: skip
-            while core.inventory()["deployments"]["primary"]["ready_replicas"] < 2:
+            while core.inventory().deployments["primary"].ready_replicas < 2:
                 await trio.sleep(0.02)
             for _ in range(2):  # least-recently-assigned: one request each
                 assert (await core.request_raw("primary", "/v1/classify", CLASSIFY)).status == 200
@@ -79,9 +79,9 @@ async def test_connected_replicas_are_scraped_in_parallel_outside_dispatch(tmp_p
                 while not stuck[0].scrapes_started:
                     await trio.sleep(0.01)
                 # In flight, yet not a request: dispatch sees no load on either replica.
-                rows = core.inventory()["deployments"]["primary"]["replicas"]
-                assert [(r["inflight"], r["outstanding_bytes"]) for r in rows] == [(0, 0)] * 2
-                replica_ids = {r["id"] for r in rows}
+                rows = core.inventory().deployments["primary"].replicas
+                assert [(r.inflight, r.outstanding_bytes) for r in rows] == [(0, 0)] * 2
+                replica_ids = {r.id for r in rows}
             elapsed = trio.current_time() - started
     assert SCRAPE_TIMEOUT_S <= elapsed < SCRAPE_TIMEOUT_S + 1.0  # bounded, not serial
     by_replica = {scrape.replica: scrape for scrape in result}
