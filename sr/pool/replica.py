@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL, Deployment, Replica
+from sr.config.schema import DEFAULT_KERNEL, Deployment, Replica
 from sr.pool.forked import ForkServer, ForkServerError, forkable, lease_fork_server, start_method
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
@@ -61,21 +61,8 @@ def worker_argv(
     names: tuple[str, str] | None = None,
 ) -> list[str]:
     """`names`: (deployment name, replica id), stamped by the worker on its log lines."""
-    argv = [sys.executable, "-m", "sr", "worker", "--artifact", deployment.artifact]
+    argv = [sys.executable, "-m", "sr", "worker", *deployment.engine_args().argv()]
     argv += ["--device", device, "--threads", str(threads)]
-    if deployment.revision:
-        argv += ["--revision", deployment.revision]
-    argv += ["--profile", deployment.profile]
-    argv += ["--max-tokens", str(deployment.input.max_tokens)]
-    argv += ["--overflow", deployment.input.overflow]
-    if deployment.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
-    if deployment.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
-    if deployment.dtype != DEFAULT_DTYPE:  # auto: the worker's default
-        argv += ["--dtype", deployment.dtype]
-    if deployment.kernel != DEFAULT_KERNEL:
-        argv += ["--kernel", deployment.kernel]
     if parent_fd is not None:
         argv += ["--parent-fd", str(parent_fd)]
     if names is not None:
@@ -191,7 +178,11 @@ class ReplicaRunner:
     async def _run_in_process(self) -> None:
         from sr.worker.options import WorkerOptions
 
-        options = WorkerOptions(**self._worker_options())
+        options = WorkerOptions.serving(
+            self.deployment.engine_args(),
+            device=self.placement.device or "cpu",
+            threads=self.threads,
+        )
         try:
             service = self.worker_factory(options)
             async with trio.open_nursery() as nursery:
@@ -404,22 +395,6 @@ class ReplicaRunner:
     # -- helpers --------------------------------------------------------------------
     def _set(self, state: ReplicaState, reason: str | None) -> None:
         self.policy.set_lifecycle(self.record, state, trio.current_time(), reason)
-
-    def _worker_options(self) -> dict:
-        d = self.deployment
-        return {
-            "artifact": d.artifact,
-            "device": self.placement.device or "cpu",
-            "revision": d.revision,
-            "threads": self.threads,
-            "profile": d.profile,
-            "max_tokens": d.input.max_tokens,
-            "overflow": d.input.overflow,
-            "max_num_seqs": d.max_num_seqs,
-            "max_num_batched_tokens": d.max_num_batched_tokens,
-            "dtype": d.dtype,
-            "kernel": d.kernel,
-        }
 
     async def _pump_stderr(self, stream: trio.abc.ReceiveStream, relay: WorkerLogRelay) -> None:
         """Relay the worker's log into ours while it runs (the rest: `_drain_stderr`)."""

@@ -24,7 +24,8 @@ import sys
 import attrs
 import trio
 
-from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL
+from sr.config.arguments import OneLineArgumentParser
+from sr.config.engine import add_engine_flags, engine_from_flags
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
@@ -35,26 +36,13 @@ from sr.worker.options import WorkerOptions
 from sr.worker.parent_watch import watch_parent_fd
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="sr worker", add_help=True)
-    p.add_argument("--artifact", required=True)
+    p = OneLineArgumentParser(prog="sr worker", add_help=True)
+    # --artifact, --profile, --max-tokens, --dtype ...: the deployment's engine arguments,
+    # one flag per EngineArgs field, as the pool writes them (sr.config.engine)
+    add_engine_flags(p)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--revision")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--profile", default="exact")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--overflow", default="reject")
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    # auto: the profile decides on this host (sr.config.precision); the default is the
-    # deployment's default, which the pool leaves out of the argv
-    p.add_argument("--dtype", default=DEFAULT_DTYPE)
-    p.add_argument("--kernel", default=DEFAULT_KERNEL)
     p.add_argument("--uds")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -96,17 +84,9 @@ def parse_command(argv: list[str]) -> WorkerCommand:
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port: must be 0..65535, got {args.port}")
     options = WorkerOptions(
-        artifact=args.artifact,
+        **engine_from_flags(args),
         device=args.device,
-        revision=args.revision,
         threads=args.threads,
-        profile=args.profile,
-        max_tokens=args.max_tokens,
-        overflow=args.overflow,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        dtype=args.dtype,
-        kernel=args.kernel,
         fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
     )
     options.validate()
