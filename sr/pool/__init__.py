@@ -1,6 +1,6 @@
 """sr.pool: the replica pool — dispatch, admission, backoff, ejection, supervision.
 
-Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`, `durations`,
+Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`,
 `membership` (discovered sets and when to resolve).
 I/O: `transport`, `worker_access` (keys, CA bundles), `replica` (one task per replica),
 `discovery` (one task per `discover` entry), `deployment`, `core` (`open_router`).

@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
 from sr.pool.transport import HttpTransport, InProcessTransport, Transport, TransportError
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
+from sr.settings import Settings, read_process_settings
 
 S = ReplicaState
 PROBE_NOT_READY_S = 0.1
@@ -72,10 +73,11 @@ def worker_argv(
     return [*argv, "--uds", uds]
 
 
-def worker_env() -> dict[str, str]:
-    """Our environment, with this `sr` importable by `python -m sr` from any directory
-    (an embedding program may run from a checkout that is not installed)."""
-    env = dict(os.environ)
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` (the settings' snapshot of ours), with this `sr` importable by `python -m
+    sr` from any directory (an embedding program may run from a checkout that is not
+    installed)."""
+    env = dict(environ)
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
@@ -125,15 +127,19 @@ class ReplicaRunner:
         policy: DeploymentPolicy,
         threads: int,
         run_dir: Path,
+        settings: Settings | None = None,
         worker_factory: Callable[[Any], Any] | None = None,
         connect_endpoint: Callable[[str], Transport] | None = None,
     ) -> None:
+        """`settings`: the router's (sr.settings); a managed worker starts with their
+        environment (default: read when it starts)."""
         self.record = record
         self.placement = placement
         self.deployment = deployment
         self.policy = policy
         self.threads = threads
         self.run_dir = run_dir
+        self.settings = settings
         self.worker_factory = worker_factory
         self.connect_endpoint = connect_endpoint or _http_endpoint
         self.transport: Transport | None = None
@@ -194,7 +200,7 @@ class ReplicaRunner:
 
     async def _run_managed(self) -> None:
         rec = self.record
-        method, warning = start_method(self.placement.device or "cpu", os.environ)
+        method, warning = start_method(self.placement.device or "cpu", self._child_env())
         if warning:
             self.policy.events.emit(
                 "worker_start_invalid", deployment=rec.deployment, replica=rec.id, reason=warning
@@ -202,8 +208,13 @@ class ReplicaRunner:
         if method == "spawn":
             await self._restart_loop(None)
             return
-        async with lease_fork_server(self.run_dir, worker_env()) as server:
+        async with lease_fork_server(self.run_dir, self._child_env()) as server:
             await self._restart_loop(server)
+
+    def _child_env(self) -> dict[str, str]:
+        if self.settings is None:
+            self.settings = read_process_settings()
+        return worker_env(self.settings.environ)
 
     async def _restart_loop(self, server: ForkServer | None) -> None:
         while True:
@@ -216,7 +227,9 @@ class ReplicaRunner:
         """The worker's process: forked by `server` when there is one, else spawned."""
         if server is not None and forkable(argv):
             try:
-                return await server.fork_worker(argv, parent_read=parent_read, env=worker_env())
+                return await server.fork_worker(
+                    argv, parent_read=parent_read, env=self._child_env()
+                )
             except ForkServerError as error:
                 rec = self.record
                 self.policy.events.emit(
@@ -233,7 +246,7 @@ class ReplicaRunner:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env=worker_env(),
+            env=self._child_env(),
             pass_fds=(parent_read,),
         )
 

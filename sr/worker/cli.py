@@ -29,7 +29,7 @@ from sr.config.engine import add_engine_flags, engine_from_flags
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
-from sr.thread_budget import adaptive_mode
+from sr.settings import Settings, read_process_settings
 from sr.worker import auth
 from sr.worker.allocator import configure_malloc
 from sr.worker.options import WorkerOptions
@@ -75,7 +75,9 @@ def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
     return command.options, command.listen
 
 
-def parse_command(argv: list[str]) -> WorkerCommand:
+def parse_command(argv: list[str], settings: Settings | None = None) -> WorkerCommand:
+    """`settings`: this process's (sr.settings; default: read now)."""
+    settings = settings if settings is not None else read_process_settings()
     args = _parser().parse_args(argv)
     if args.uds and (args.host or args.port is not None):
         raise UsageError("give either --uds PATH or --host/--port, not both")
@@ -87,13 +89,13 @@ def parse_command(argv: list[str]) -> WorkerCommand:
         **engine_from_flags(args),
         device=args.device,
         threads=args.threads,
-        fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
+        fault_injection=settings.fault_injection,
     )
     options.validate()
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )
-    api_key = auth.worker_key(args.api_key, os.environ, tcp="port" in listen)
+    api_key = auth.worker_key(args.api_key, settings.environ, tcp="port" in listen)
     if "host" in listen and (problem := auth.required_key_problem(listen["host"], api_key)):
         raise UsageError(problem)
     context = {"deployment": args.deployment, "replica": args.replica, "pid": os.getpid()}
@@ -101,7 +103,7 @@ def parse_command(argv: list[str]) -> WorkerCommand:
         options=options,
         listen=listen,
         parent_fd=_parent_fd(args.parent_fd),
-        log_format=resolve_log_format(args.log_format, os.environ, sys.stderr),
+        log_format=resolve_log_format(args.log_format, settings.environ, sys.stderr),
         log_context={key: value for key, value in context.items() if value is not None},
         api_key=api_key,
     )
@@ -121,8 +123,8 @@ def _parent_fd(fd: int | None) -> int | None:
 
 def main(argv: list[str]) -> int:
     try:
-        command = parse_command(argv)
-        adaptive = adaptive_mode(os.environ)
+        settings = read_process_settings()  # the one read of the environment
+        command = parse_command(argv, settings)
     except UsageError as error:
         print(f"sr worker: {error}", file=sys.stderr)
         return 2
@@ -132,12 +134,14 @@ def main(argv: list[str]) -> int:
         # must not leave us loading a model for nobody.
         watch_parent_fd(command.parent_fd)
     configure_logging(log_format=command.log_format, context=command.log_context, worker=True)
-    malloc = configure_malloc()  # before the model's first batch (sr.worker.allocator)
+    malloc = configure_malloc(
+        settings.environ
+    )  # before the model's first batch (sr.worker.allocator)
     if malloc != "tuned":
         logging.getLogger("sr.worker").info("malloc: %s", malloc)
     listening: list[str] = []  # filled once the socket is bound
     try:
-        trio.run(_run, options, listen, adaptive, listening, command.api_key)
+        trio.run(_run, options, listen, settings.adaptive_threads, listening, command.api_key)
     except (UsageError, OSError, BaseExceptionGroup) as error:
         # Trio nurseries wrap what escapes them in (nested) ExceptionGroups; a startup
         # failure is one leaf in there and deserves one line, not a traceback.
