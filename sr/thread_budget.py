@@ -2,8 +2,7 @@
 
 sr.settings parses the variables with these functions, once per process, so that the router
 sizes its workers and refuses bad settings before any worker starts, and the worker applies
-the same rules. Keeping them torch-free keeps torch out of
-the router process.
+the same rules. Keeping them torch-free keeps torch out of the router process.
 """
 
 from __future__ import annotations
