@@ -17,7 +17,6 @@ __all__ = [
     "adaptive_mode",
     "capped_thread_count",
     "thread_override",
-    "worker_thread_count",
 ]
 
 THREADS_ENV = "VLLM_SRUN_CPU_THREADS"
@@ -25,13 +24,9 @@ ADAPTIVE_ENV = "VLLM_SRUN_CPU_ADAPTIVE_THREADS"
 MAX_DEFAULT_THREADS = 16
 
 
-def worker_thread_count(budget: int, env: Mapping[str, str]) -> int:
-    """Threads for one managed CPU worker: half the budget (1..16), or the env override."""
-    return capped_thread_count(budget, thread_override(env))
-
-
 def capped_thread_count(budget: int, override: int | None) -> int:
-    """Half the budget (1..16), or `override` (VLLM_SRUN_CPU_THREADS) capped at the budget."""
+    """Threads for one managed CPU worker: half the budget (1..16), or `override`
+    (VLLM_SRUN_CPU_THREADS) capped at the budget."""
     if budget < 1:
         raise ValueError(f"CPU budget must be >= 1, got {budget}")
     if override is None:
