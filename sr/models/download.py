@@ -4,7 +4,8 @@ Run once in the `sr serve` process before the config is written and before any w
 starts: every distinct (artifact, revision) of a managed deployment is first resolved
 offline (`resolve_artifact`); only a repository ID that misses is fetched, with
 `huggingface_hub.snapshot_download` into the hub cache that resolution reads
-(`hub_cache_dir()`), so the offline resolution then finds it, pinned revision included.
+(`ModelSources.hub_cache`, sr.settings), so the offline resolution then finds it, pinned
+revision included.
 Absolute paths are never downloaded.
 
 Only the files sr reads are fetched (allow_patterns), in two passes at one commit:
@@ -32,13 +33,14 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from sr.config.schema import Deployment, SrConfig
 from sr.errors import ArtifactNotFound, StartupFailed
-from sr.models.artifacts import _REPO_ID, REQUIRED_FILES, hub_cache_dir, resolve_artifact
+from sr.models.artifacts import _REPO_ID, REQUIRED_FILES, resolve_artifact
+from sr.settings import ModelSources, read_process_settings
 
 # Top-level files sr reads (sr.models.artifacts, sr.models.checkpoint, sr.models.encoder).
 TOP_LEVEL_FILES = (
@@ -55,8 +57,6 @@ MODULE_FILES = {
     "Normalize": ("config.json",),
     "Dense": ("config.json", "model.safetensors"),
 }
-OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-_TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's own reading of a boolean variable
 _ST = "sentence_transformers.models."
 
 
@@ -77,7 +77,7 @@ def _managed(deployment: Deployment) -> bool:
     return any(not replica.attached for replica in deployment.placements())
 
 
-def missing_artifacts(config: SrConfig) -> list[tuple[str, str | None]]:
+def missing_artifacts(config: SrConfig, sources: ModelSources) -> list[tuple[str, str | None]]:
     """The distinct (artifact, revision) of managed deployments that a download could
     supply and that do not resolve offline now, in config order."""
     missing: list[tuple[str, str | None]] = []
@@ -88,19 +88,10 @@ def missing_artifacts(config: SrConfig) -> list[tuple[str, str | None]]:
         if _is_path(deployment.artifact) or not _REPO_ID.match(deployment.artifact):
             continue  # never downloaded: the worker reports it as before
         try:
-            resolve_artifact(*key)
+            resolve_artifact(*key, sources=sources)
         except ArtifactNotFound:
             missing.append(key)
     return missing
-
-
-def offline_variable(env: Mapping[str, str] | None = None) -> str | None:
-    """The variable that turns Hub access off (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE), if set."""
-    env = os.environ if env is None else env
-    for name in OFFLINE_VARIABLES:
-        if (env.get(name) or "").strip().upper() in _TRUE:
-            return name
-    return None
 
 
 def _module_patterns(snapshot: Path) -> list[str]:
@@ -175,11 +166,15 @@ def _library_quiet() -> Iterator[None]:
         library.setLevel(level)
 
 
-def download_artifact(artifact: str, revision: str | None = None) -> Path:
+def download_artifact(
+    artifact: str, revision: str | None = None, *, sources: ModelSources | None = None
+) -> Path:
     """Fetch the files sr reads of one Hub repository into the hub cache and return the
-    folder `resolve_artifact(artifact, revision)` now finds. DownloadFailed otherwise."""
+    folder `resolve_artifact(artifact, revision)` now finds. DownloadFailed otherwise.
+    `sources`: the hub cache, endpoint and offline switch (default: this process's)."""
+    sources = sources if sources is not None else read_process_settings().models
     name = label(artifact, revision)
-    offline = offline_variable()
+    offline = sources.offline_variable
     if offline is not None:
         raise DownloadFailed(f"cannot download {name}: downloads are off because {offline} is set")
     try:
@@ -189,9 +184,9 @@ def download_artifact(artifact: str, revision: str | None = None) -> Path:
             f"cannot download {name}: huggingface_hub is not installed"
             " (pip install 'huggingface_hub>=0.23,<3')"
         ) from None
-    endpoint = (os.environ.get("HF_ENDPOINT") or "").strip().rstrip("/") or None
+    endpoint = sources.hf_endpoint
     shown = endpoint or constants.ENDPOINT
-    cache = hub_cache_dir()
+    cache = sources.hub_cache
     try:
         with _library_quiet():
             snapshot = _fetch(artifact, revision, cache, endpoint, snapshot_download)
@@ -199,7 +194,7 @@ def download_artifact(artifact: str, revision: str | None = None) -> Path:
         cause = describe_failure(error, revision, shown)
         raise DownloadFailed(f"cannot download {name}: {cause}") from None
     try:
-        return resolve_artifact(artifact, revision)
+        return resolve_artifact(artifact, revision, sources=sources)
     except ArtifactNotFound:
         lacking = [f for f in REQUIRED_FILES if not (snapshot / f).is_file()]
         what = ", ".join(lacking) if lacking else "a resolvable snapshot"
@@ -236,15 +231,18 @@ def _fetch(
     return snapshot
 
 
-def download_missing(config: SrConfig, *, out: TextIO | None = None) -> dict[str, Path]:
+def download_missing(
+    config: SrConfig, *, out: TextIO | None = None, sources: ModelSources | None = None
+) -> dict[str, Path]:
     """`sr serve --download`: fetch every artifact of `config` that does not resolve offline,
     once per distinct (artifact, revision), printing one line before and after each.
     Returns {label: folder} of what was fetched; DownloadFailed on the first failure."""
+    sources = sources if sources is not None else read_process_settings().models
     out = sys.stdout if out is None else out
-    missing = missing_artifacts(config)
+    missing = missing_artifacts(config, sources)
     if not missing:
         return {}
-    offline = offline_variable()
+    offline = sources.offline_variable
     if offline is not None:
         names = ", ".join(label(*key) for key in missing)
         raise DownloadFailed(
@@ -255,7 +253,7 @@ def download_missing(config: SrConfig, *, out: TextIO | None = None) -> dict[str
     for artifact, revision in missing:
         name = label(artifact, revision)
         print(f"sr: downloading {name} ...", file=out, flush=True)
-        folder = download_artifact(artifact, revision)
+        folder = download_artifact(artifact, revision, sources=sources)
         print(f"sr: downloaded {artifact} -> {folder}", file=out, flush=True)
         fetched[name] = folder
     return fetched

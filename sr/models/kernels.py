@@ -25,10 +25,10 @@ threads).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
+
+from sr.settings import default_process_variables
 
 BLAS = "blas"
 ONEDNN = "onednn"
@@ -48,8 +48,7 @@ def bound_onednn_caches() -> None:
     the environment already sets them. Effective only before the process's first oneDNN
     primitive (the libraries read the variables once): sr.models.linear calls it before
     its probe."""
-    for name in _CACHE_VARIABLES:
-        os.environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
+    default_process_variables({name: str(ONEDNN_CACHE_ENTRIES) for name in _CACHE_VARIABLES})
 
 
 def onednn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:

@@ -1,10 +1,10 @@
 """sr.pool: the replica pool — dispatch, admission, backoff, ejection, supervision.
 
-Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`, `durations`,
+Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`,
 `membership` (discovered sets and when to resolve), `views` (the inventory as typed values,
 and its JSON, for the front end and the Python API).
 I/O: `transport`, `worker_access` (keys, CA bundles), `replica` (one task per replica),
-`discovery` (one task per `discover` entry), `deployment`, `core` (`open_router`).
+`discovery` (one task per `discover` entry), `deployment`, `supervisor` (`Supervisor`, `open_router`).
 """
 
 from sr.errors import ReloadFailed, StartupFailed

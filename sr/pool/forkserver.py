@@ -46,6 +46,8 @@ import socket
 import sys
 import traceback
 
+from sr.settings import replace_process_environment
+
 # Modules every worker imports (sr.worker.cli imports the service lazily; families are
 # imported by model_type): importing them here is what the children share.
 PRELOAD = (
@@ -219,8 +221,7 @@ def become_fresh(request: dict, *, stderr_fd: int, close: list[int]) -> None:
     os.dup2(stderr_fd, 2)
     os.close(devnull)
     os.close(stderr_fd)
-    os.environ.clear()
-    os.environ.update(request.get("env") or {})
+    replace_process_environment(request.get("env") or {})
     if request.get("cwd"):
         os.chdir(request["cwd"])
     random.seed()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL, Deployment, Replica
+import attrs
+
+from sr.config.schema import Deployment, Replica
 
 
 def placement_label(replica: Replica) -> str:
@@ -19,23 +21,16 @@ def placement_label(replica: Replica) -> str:
 
 
 def engine_args(deployment: Deployment, threads: int | None) -> dict:
-    args = {
-        "artifact": deployment.artifact,
-        "revision": deployment.revision,
-        "profile": deployment.profile,
-        "max_tokens": deployment.input.max_tokens,
-        "overflow": deployment.input.overflow,
-        "max_num_seqs": deployment.max_num_seqs,
-        "max_num_batched_tokens": deployment.max_num_batched_tokens,
-        "threads": threads,
-    }
-    # Only when not the default, so the identities of float32 replicas (every replica
-    # before dtype existed) stay what they were and a reload does not restart them.
-    if deployment.dtype != DEFAULT_DTYPE:
-        args["dtype"] = deployment.dtype
-    if deployment.kernel != DEFAULT_KERNEL:
-        args["kernel"] = deployment.kernel
+    # Fields marked omit_if_default (dtype, kernel) only when not the default, so the
+    # identities of replicas from before they existed stay what they were and a reload
+    # does not restart them (sr.config.engine); unset caps stay in as None, as they were.
+    args = attrs.asdict(deployment.engine_args(), filter=_travels)
+    args["threads"] = threads
     return args
+
+
+def _travels(field: attrs.Attribute, value: object) -> bool:
+    return not (field.metadata.get("omit_if_default") and value == field.default)
 
 
 def replica_identities(

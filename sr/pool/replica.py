@@ -26,19 +26,20 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL, Deployment, Replica
+from sr.config.schema import DEFAULT_KERNEL, Deployment, Replica
 from sr.pool.forked import ForkServer, ForkServerError, forkable, lease_fork_server, start_method
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
 from sr.pool.transport import HttpTransport, InProcessTransport, Transport, TransportError
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
+from sr.settings import Settings, read_process_settings
 
 S = ReplicaState
 PROBE_NOT_READY_S = 0.1
@@ -61,21 +62,8 @@ def worker_argv(
     names: tuple[str, str] | None = None,
 ) -> list[str]:
     """`names`: (deployment name, replica id), stamped by the worker on its log lines."""
-    argv = [sys.executable, "-m", "sr", "worker", "--artifact", deployment.artifact]
+    argv = [sys.executable, "-m", "sr", "worker", *deployment.engine_args().argv()]
     argv += ["--device", device, "--threads", str(threads)]
-    if deployment.revision:
-        argv += ["--revision", deployment.revision]
-    argv += ["--profile", deployment.profile]
-    argv += ["--max-tokens", str(deployment.input.max_tokens)]
-    argv += ["--overflow", deployment.input.overflow]
-    if deployment.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(deployment.max_num_seqs)]
-    if deployment.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(deployment.max_num_batched_tokens)]
-    if deployment.dtype != DEFAULT_DTYPE:  # auto: the worker's default
-        argv += ["--dtype", deployment.dtype]
-    if deployment.kernel != DEFAULT_KERNEL:
-        argv += ["--kernel", deployment.kernel]
     if parent_fd is not None:
         argv += ["--parent-fd", str(parent_fd)]
     if names is not None:
@@ -85,10 +73,11 @@ def worker_argv(
     return [*argv, "--uds", uds]
 
 
-def worker_env() -> dict[str, str]:
-    """Our environment, with this `sr` importable by `python -m sr` from any directory
-    (an embedding program may run from a checkout that is not installed)."""
-    env = dict(os.environ)
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` (the settings' snapshot of ours), with this `sr` importable by `python -m
+    sr` from any directory (an embedding program may run from a checkout that is not
+    installed)."""
+    env = dict(environ)
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
@@ -138,15 +127,19 @@ class ReplicaRunner:
         policy: DeploymentPolicy,
         threads: int,
         run_dir: Path,
+        settings: Settings | None = None,
         worker_factory: Callable[[Any], Any] | None = None,
         connect_endpoint: Callable[[str], Transport] | None = None,
     ) -> None:
+        """`settings`: the router's (sr.settings); a managed worker starts with their
+        environment (default: read when it starts)."""
         self.record = record
         self.placement = placement
         self.deployment = deployment
         self.policy = policy
         self.threads = threads
         self.run_dir = run_dir
+        self.settings = settings
         self.worker_factory = worker_factory
         self.connect_endpoint = connect_endpoint or _http_endpoint
         self.transport: Transport | None = None
@@ -191,7 +184,11 @@ class ReplicaRunner:
     async def _run_in_process(self) -> None:
         from sr.worker.options import WorkerOptions
 
-        options = WorkerOptions(**self._worker_options())
+        options = WorkerOptions.serving(
+            self.deployment.engine_args(),
+            device=self.placement.device or "cpu",
+            threads=self.threads,
+        )
         try:
             service = self.worker_factory(options)
             async with trio.open_nursery() as nursery:
@@ -203,7 +200,7 @@ class ReplicaRunner:
 
     async def _run_managed(self) -> None:
         rec = self.record
-        method, warning = start_method(self.placement.device or "cpu", os.environ)
+        method, warning = start_method(self.placement.device or "cpu", self._child_env())
         if warning:
             self.policy.events.emit(
                 "worker_start_invalid", deployment=rec.deployment, replica=rec.id, reason=warning
@@ -211,8 +208,13 @@ class ReplicaRunner:
         if method == "spawn":
             await self._restart_loop(None)
             return
-        async with lease_fork_server(self.run_dir, worker_env()) as server:
+        async with lease_fork_server(self.run_dir, self._child_env()) as server:
             await self._restart_loop(server)
+
+    def _child_env(self) -> dict[str, str]:
+        if self.settings is None:
+            self.settings = read_process_settings()
+        return worker_env(self.settings.environ)
 
     async def _restart_loop(self, server: ForkServer | None) -> None:
         while True:
@@ -225,7 +227,9 @@ class ReplicaRunner:
         """The worker's process: forked by `server` when there is one, else spawned."""
         if server is not None and forkable(argv):
             try:
-                return await server.fork_worker(argv, parent_read=parent_read, env=worker_env())
+                return await server.fork_worker(
+                    argv, parent_read=parent_read, env=self._child_env()
+                )
             except ForkServerError as error:
                 rec = self.record
                 self.policy.events.emit(
@@ -242,7 +246,7 @@ class ReplicaRunner:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env=worker_env(),
+            env=self._child_env(),
             pass_fds=(parent_read,),
         )
 
@@ -404,22 +408,6 @@ class ReplicaRunner:
     # -- helpers --------------------------------------------------------------------
     def _set(self, state: ReplicaState, reason: str | None) -> None:
         self.policy.set_lifecycle(self.record, state, trio.current_time(), reason)
-
-    def _worker_options(self) -> dict:
-        d = self.deployment
-        return {
-            "artifact": d.artifact,
-            "device": self.placement.device or "cpu",
-            "revision": d.revision,
-            "threads": self.threads,
-            "profile": d.profile,
-            "max_tokens": d.input.max_tokens,
-            "overflow": d.input.overflow,
-            "max_num_seqs": d.max_num_seqs,
-            "max_num_batched_tokens": d.max_num_batched_tokens,
-            "dtype": d.dtype,
-            "kernel": d.kernel,
-        }
 
     async def _pump_stderr(self, stream: trio.abc.ReceiveStream, relay: WorkerLogRelay) -> None:
         """Relay the worker's log into ours while it runs (the rest: `_drain_stderr`)."""

@@ -32,13 +32,13 @@ from sr.errors import (
     ReplicaNotFound,
     StartupFailed,
     Unavailable,
+    UsageError,
     WorkerFailed,
 )
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
-from sr.pool.durations import ready_timeout_s
 from sr.pool.identity import replica_identities
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
@@ -48,6 +48,7 @@ from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
 from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
+from sr.settings import Settings, read_process_settings
 
 READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
@@ -83,12 +84,14 @@ class Supervisor:
         threads: int,
         run_dir: Path,
         worker_factory: Callable[[Any], Any] | None,
+        settings: Settings,
         resolver: Resolver | None = None,
         connect_endpoint: Callable[[str], Transport] | None = None,
     ) -> None:
         """`resolver` resolves `discover` names (default: DNS); `connect_endpoint(url)`, when
         given, replaces how every attached worker is reached (tests)."""
         self.config = config
+        self.settings = settings
         self.events = events
         self.threads = threads
         self.run_dir = run_dir
@@ -313,7 +316,7 @@ class Supervisor:
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
         """Until every deployment has a ready replica; StartupFailed when one never can."""
-        limit = ready_timeout_s() if timeout_s is None else timeout_s
+        limit = self.settings.ready_timeout_s if timeout_s is None else timeout_s
         with trio.move_on_after(limit):
             while True:
                 self._raise_if_hopeless()
@@ -339,7 +342,7 @@ class Supervisor:
         """Runners and discovery groups for every deployment of `config`, reusing live ones
         with the same identity; new ones are started (not yet published). A key or CA
         bundle that cannot be used raises `failure` before anything starts."""
-        accesses = entry_accesses(config, failure)
+        accesses = entry_accesses(config, failure, self.settings.environ)
         plan: dict[str, _Plan] = {}
         started: list[ReplicaRunner] = []
         new_pools: list[DeploymentPool] = []
@@ -420,6 +423,7 @@ class Supervisor:
             policy=pool.policy,
             threads=self.threads,
             run_dir=self.run_dir,
+            settings=self.settings,
             worker_factory=None if placement.attached else self.worker_factory,
             connect_endpoint=self.connect_endpoint or access.connector(tls_server_name),
         )
@@ -490,8 +494,14 @@ class Supervisor:
         self._publish(config, plan, new_pools)
 
     async def reload(self, config: SrConfig, *, timeout_s: float | None = None) -> None:
-        """Bring up what is new, publish atomically, then retire what was removed."""
+        """Bring up what is new, publish atomically, then retire what was removed.
+        The environment is read again: a worker key that `api_key_env` names may have
+        been rotated (sr.settings)."""
         async with self._reload_lock:
+            try:
+                self.settings = read_process_settings()
+            except UsageError as error:
+                raise ReloadFailed(str(error)) from None
             plan, started, new_pools = await self._prepare(config, ReloadFailed)
             # Discovery groups this reload adds warm up first (Envoy's cluster warming):
             # resolved once, and every address of it joined.
@@ -501,7 +511,7 @@ class Supervisor:
                 for key, group in item.groups.items()
                 if key not in (self.pools[name].groups if name in self.pools else {})
             ]
-            limit = ready_timeout_s() if timeout_s is None else timeout_s
+            limit = self.settings.ready_timeout_s if timeout_s is None else timeout_s
             failure = None
             group_failure = None
             with trio.move_on_after(limit) as scope:
@@ -598,12 +608,12 @@ def _describe(pool: DeploymentPool) -> str:
     return ", ".join(parts) or "no replicas"
 
 
-def default_worker_threads() -> int:
+def default_worker_threads(settings: Settings) -> int:
     """Half the router's CPU budget, 1..16, or VLLM_SRUN_CPU_THREADS (sr.thread_budget)."""
     from sr.devices import cpu_budget
-    from sr.thread_budget import worker_thread_count
+    from sr.thread_budget import capped_thread_count
 
-    return worker_thread_count(cpu_budget(), os.environ)
+    return capped_thread_count(cpu_budget(), settings.worker_threads)
 
 
 @contextlib.asynccontextmanager
@@ -617,20 +627,23 @@ async def open_router(
     worker_factory: Callable[[Any], Any] | None = None,
     resolver: Resolver | None = None,
     connect_endpoint: Callable[[str], Transport] | None = None,
+    settings: Settings | None = None,
 ) -> AsyncIterator[Supervisor]:
     """Start and supervise every deployment's workers; leaving drains and stops them.
 
     `in_process=True` runs each managed replica as a `WorkerService` in this process;
     `worker_factory(WorkerOptions) -> service` overrides which service (tests).
     `resolver` resolves `discover` entries (default: DNS, sr.pool.discovery);
-    `connect_endpoint(url) -> Transport` overrides how attached workers are reached (tests)."""
+    `connect_endpoint(url) -> Transport` overrides how attached workers are reached (tests).
+    `settings`: the environment as `sr serve` read it (default: read now, sr.settings)."""
+    settings = settings if settings is not None else read_process_settings()
     if in_process and worker_factory is None:
         from sr.worker.service import WorkerService
 
         worker_factory = WorkerService
     # A key variable that is not set or a CA bundle that cannot be read fails here, as
     # itself, before any worker starts (and again at each reload: sr.pool.worker_access).
-    entry_accesses(config, StartupFailed)
+    entry_accesses(config, StartupFailed, settings.environ)
     events = events or EventSink()
     lock_fd: int | None = None  # set when sr makes (and so owns) the run folder
     if run_dir is None:
@@ -651,9 +664,10 @@ async def open_router(
                 config,
                 nursery,
                 events=events,
-                threads=threads if threads is not None else default_worker_threads(),
+                threads=threads if threads is not None else default_worker_threads(settings),
                 run_dir=path,
                 worker_factory=worker_factory,
+                settings=settings,
                 resolver=resolver,
                 connect_endpoint=connect_endpoint,
             )

@@ -17,7 +17,6 @@ Rules:
 from __future__ import annotations
 
 import hashlib
-import os
 import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -83,17 +82,18 @@ def access_for(replica: Replica, environ: Mapping[str, str]) -> WorkerAccess:
 
 
 def entry_accesses(
-    config: SrConfig, failure: type[Exception]
+    config: SrConfig, failure: type[Exception], environ: Mapping[str, str]
 ) -> dict[tuple[str, int], WorkerAccess]:
-    """(deployment, placement index) -> the access of each attached entry of `config`;
-    the first unusable one raises `failure` (StartupFailed, ReloadFailed) with its path."""
+    """(deployment, placement index) -> the access of each attached entry of `config`,
+    keys looked up in `environ` (sr.settings); the first unusable one raises `failure`
+    (StartupFailed, ReloadFailed) with its path."""
     out = {}
     for name, deployment in config.deployments.items():
         for index, placement in enumerate(deployment.placements()):
             if not placement.attached:
                 continue
             try:
-                out[(name, index)] = access_for(placement, os.environ)
+                out[(name, index)] = access_for(placement, environ)
             except AccessError as error:
                 path = f"global.model_catalog.deployments.{name}"
                 if deployment.replicas is not None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -61,7 +60,7 @@ from sr.router import tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
-from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster, fault_injection_enabled
+from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster
 from sr.router.front import Front, NativeFront
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
@@ -135,7 +134,7 @@ class RouterApp:
         reload: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         body_timeout_s: float = BODY_READ_TIMEOUT_S,
-        fault_injection: bool | None = None,
+        fault_injection: bool = False,  # SR_FAULT_INJECTION=1 (sr.settings)
         access_log: AccessLog | None = None,
     ):
         self.core = core
@@ -150,8 +149,6 @@ class RouterApp:
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
         self._cors = CorsPolicy()
-        if fault_injection is None:
-            fault_injection = fault_injection_enabled(os.environ)
         self._faults = FaultRoute(core, enabled=fault_injection)
         self.apply_config(config)
         # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).

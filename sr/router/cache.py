@@ -14,8 +14,8 @@ Pure: no I/O and no clock.
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from sr.errors import UsageError
@@ -24,9 +24,8 @@ RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
 DEFAULT_RESULT_CACHE_ENTRIES = 4096
 
 
-def result_cache_entries_from_env(environ: dict[str, str] | None = None) -> int:
+def result_cache_entries_from_env(environ: Mapping[str, str]) -> int:
     """Entries per deployment from VLLM_SRUN_RESULT_CACHE; 0 turns the cache off."""
-    environ = os.environ if environ is None else environ
     raw = environ.get(RESULT_CACHE_ENV)
     if raw is None or raw.strip() == "":
         return DEFAULT_RESULT_CACHE_ENTRIES

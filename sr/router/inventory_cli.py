@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import urllib.parse
@@ -37,6 +36,7 @@ from sr.config.schema import Listener
 from sr.errors import ConfigError, UsageError
 from sr.pool.views import Inventory, InventoryShapeError, inventory_from_json
 from sr.router.inventory_table import render_inventory
+from sr.settings import Settings, read_process_settings
 
 DEFAULT_CONFIG = "config.yaml"
 DEFAULT_URL = f"http://{Listener().host}:{Listener().port}"
@@ -75,7 +75,7 @@ def _router_url(text: str) -> str:
     return text
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(settings: Settings) -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="sr inventory", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--url", type=_router_url, help="router URL (default: the listener of --config)"
@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "--interval", type=_positive_seconds, default=2.0, help="seconds between redraws"
     )
     parser.add_argument(
-        "--api-key", default=os.environ.get("SR_API_KEY"), help="bearer key (or SR_API_KEY)"
+        "--api-key", default=settings.inventory_api_key, help="bearer key (or SR_API_KEY)"
     )
     return parser
 
@@ -168,7 +168,7 @@ def watch(
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = _parser(read_process_settings()).parse_args(argv)
         url = router_url(args.url, args.config)
     except UsageError as error:
         return report_usage_error("sr inventory", error)

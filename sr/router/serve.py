@@ -33,12 +33,12 @@ from sr.http.asgi_adapter import AsgiAdapter
 from sr.http.limits import HttpLimits
 from sr.http.server import H1Server, open_listeners
 from sr.router.app import RouterApp
-from sr.router.cache import ResultCache, result_cache_entries_from_env
+from sr.router.cache import ResultCache
 from sr.router.logs import AccessLog, configure_logging, resolve_log_format
 from sr.router.metrics import RouterMetrics
 from sr.router.reload import ConfigReloader
 from sr.router.startup import StartupProgress, replica_counts
-from sr.thread_budget import adaptive_mode
+from sr.settings import Settings, read_process_settings
 
 if TYPE_CHECKING:  # imported when serving: sr.pool is not loaded by importing this module
     from sr.pool.supervisor import Supervisor
@@ -80,29 +80,29 @@ async def serve(
     open_router: Callable[..., Any] | None = None,
     out: TextIO | None = None,
     access_log: AccessLog | None = None,
+    settings: Settings | None = None,
     task_status: trio.TaskStatus[ServingRouter] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `config` over HTTP until shut down or cancelled; raises SrError on startup failure.
 
-    `ready_timeout_s=None` reads VLLM_SRUN_READY_TIMEOUT (default 10m). `out` takes the
-    milestone lines (stdout); `access_log` the request lines (default: none).
+    `settings`: the environment, parsed (sr.settings; default: read now: a malformed
+    variable is a UsageError before anything starts). `ready_timeout_s=None` takes
+    VLLM_SRUN_READY_TIMEOUT from them (default 10m). `out` takes the milestone lines
+    (stdout); `access_log` the request lines (default: none).
     """
+    settings = settings if settings is not None else read_process_settings()
     events = events if events is not None else EventSink()
     access_log = access_log if access_log is not None else AccessLog()
     listener = config.listeners[0] if config.listeners else Listener()
     host = host or listener.host
     port = listener.port if port is None else port
-    # Bad settings fail here, once, before any worker starts (workers read them too).
-    cache = ResultCache(result_cache_entries_from_env())
-    adaptive_mode(os.environ)
+    cache = ResultCache(settings.result_cache_entries)
     if threads is None and not in_process:
         from sr.pool.supervisor import default_worker_threads
 
-        threads = default_worker_threads()
+        threads = default_worker_threads(settings)
     if ready_timeout_s is None:
-        from sr.pool.durations import ready_timeout_s as ready_timeout_from_env
-
-        ready_timeout_s = ready_timeout_from_env()
+        ready_timeout_s = settings.ready_timeout_s
     progress = StartupProgress(out)
     events.subscribe(progress.on_event)
     events.subscribe(cache.on_event)
@@ -111,7 +111,7 @@ async def serve(
     listeners, binds = await _bind(host, port)  # before any worker starts
     try:
         async with open_router(
-            config, events=events, in_process=in_process, threads=threads
+            config, events=events, in_process=in_process, threads=threads, settings=settings
         ) as core:
             # The deployments are read at each scrape: a reload shows in sr_model_info.
             metrics = RouterMetrics(
@@ -124,6 +124,7 @@ async def serve(
                 core, config, metrics=metrics, cache=cache,
                 max_body_bytes=ROUTER_HTTP_LIMITS.max_body_bytes,
                 body_timeout_s=ROUTER_HTTP_LIMITS.body_timeout_s, access_log=access_log,
+                fault_injection=settings.fault_injection,
             )  # fmt: skip
             reloader = None
             if config_path is not None:
@@ -191,19 +192,22 @@ def run_sr_serve(
     threads: int | None,
     log_format: str | None = None,
     access_log: bool = False,
+    settings: Settings | None = None,
 ) -> int:
     """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails, 2 for a
     bad setting found before anything started. `log_format` None: SR_LOG_FORMAT, else text
-    on a terminal, json elsewhere (sr.router.logs)."""
+    on a terminal, json elsewhere (sr.router.logs). `settings`: as `sr serve` read them
+    (default: read now)."""
     try:
-        log_format = resolve_log_format(log_format, os.environ, sys.stderr)
+        settings = settings if settings is not None else read_process_settings()
+        log_format = resolve_log_format(log_format, settings.environ, sys.stderr)
     except UsageError as error:
         print(f"sr serve: error: {error}", file=sys.stderr, flush=True)
         return 2
     configure_logging(log_format=log_format)
     requests = AccessLog(enabled=access_log)
     try:
-        return trio.run(_run_process, config, config_path, host, port, threads, requests)
+        return trio.run(_run_process, config, config_path, host, port, threads, requests, settings)
     except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
         return 0
 
@@ -227,6 +231,7 @@ async def _run_process(
     port: int | None,
     threads: int | None,
     access_log: AccessLog,
+    settings: Settings,
 ) -> int:
     failure: list[BaseException] = []
     started = _Started()
@@ -238,7 +243,8 @@ async def _run_process(
                 try:
                     await serve(
                         config, config_path=config_path, host=host, port=port,
-                        threads=threads, access_log=access_log, task_status=started,
+                        threads=threads, access_log=access_log, settings=settings,
+                        task_status=started,
                     )  # fmt: skip
                 except (SrError, OSError) as error:
                     failure.append(error)

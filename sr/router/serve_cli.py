@@ -25,7 +25,6 @@ Neither is written to the config: they are about this process, not about what it
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +37,7 @@ from sr.config.schema import DEPLOYMENT_DTYPES, MAX_REPLICAS, SrConfig, default_
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, UsageError
 from sr.router.logs import LOG_FORMATS, resolve_log_format
+from sr.settings import Settings, read_process_settings
 
 PROG = "sr serve"
 
@@ -98,12 +98,13 @@ def _apply_dtype(cfg: SrConfig, dtype: str) -> None:
 
 
 def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
+    """`env`: the environment to read (default: this process's; sr.settings)."""
     try:
+        settings = read_process_settings() if env is None else Settings.from_environ(env)
         args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
         if args.host is not None and not args.host.strip():
             raise UsageError("argument --host: must not be empty")
-        log_format = resolve_log_format(args.log_format, env, sys.stderr)
+        log_format = resolve_log_format(args.log_format, settings.environ, sys.stderr)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
 
@@ -118,8 +119,8 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
     exists = path.exists()
     try:
         current = load_config(path) if exists else default_config()
-        inventory = gpu_inventory(env) if flags.places else []
-        new = apply_flags(current, flags, inventory, env)
+        inventory = gpu_inventory(settings.environ) if flags.places else []
+        new = apply_flags(current, flags, inventory, settings.environ)
         if args.dtype is not None:
             _apply_dtype(new, args.dtype)
     except UsageError as exc:
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         from sr.models.download import DownloadFailed, download_missing
 
         try:
-            download_missing(new)
+            download_missing(new, sources=settings.models)
         except DownloadFailed as exc:
             print(f"{PROG}: startup failed: {' '.join(str(exc).split())}", file=sys.stderr)
             return 1
@@ -173,4 +174,5 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         threads=threads,
         log_format=log_format,
         access_log=args.access_log,
+        settings=settings,
     )

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import threading
 import time
+from collections.abc import Mapping
 
 ENV = "SR_MALLOC"
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
@@ -44,9 +44,9 @@ IDLE_S = 1.0
 IDLE_CPU_S = 0.05
 
 
-def configure_malloc(environ: dict[str, str] | None = None) -> str:
-    """Tune malloc and start the idle trimmer; returns what was done, in words."""
-    environ = os.environ if environ is None else environ
+def configure_malloc(environ: Mapping[str, str]) -> str:
+    """Tune malloc and start the idle trimmer; returns what was done, in words.
+    `environ`: the settings' snapshot (sr.settings)."""
     if environ.get(ENV, "") == "default":
         return f"glibc defaults ({ENV}=default)"
     libc = glibc()

@@ -24,37 +24,25 @@ import sys
 import attrs
 import trio
 
-from sr.config.schema import DEFAULT_DTYPE, DEFAULT_KERNEL
+from sr.config.arguments import OneLineArgumentParser
+from sr.config.engine import add_engine_flags, engine_from_flags
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
-from sr.thread_budget import adaptive_mode
+from sr.settings import Settings, read_process_settings
 from sr.worker import auth
 from sr.worker.allocator import configure_malloc
 from sr.worker.options import WorkerOptions
 from sr.worker.parent_watch import watch_parent_fd
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit status 2
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _ArgumentParser(prog="sr worker", add_help=True)
-    p.add_argument("--artifact", required=True)
+    p = OneLineArgumentParser(prog="sr worker", add_help=True)
+    # --artifact, --profile, --max-tokens, --dtype ...: the deployment's engine arguments,
+    # one flag per EngineArgs field, as the pool writes them (sr.config.engine)
+    add_engine_flags(p)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--revision")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--profile", default="exact")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--overflow", default="reject")
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    # auto: the profile decides on this host (sr.config.precision); the default is the
-    # deployment's default, which the pool leaves out of the argv
-    p.add_argument("--dtype", default=DEFAULT_DTYPE)
-    p.add_argument("--kernel", default=DEFAULT_KERNEL)
     p.add_argument("--uds")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -87,7 +75,9 @@ def parse_args(argv: list[str]) -> tuple[WorkerOptions, dict]:
     return command.options, command.listen
 
 
-def parse_command(argv: list[str]) -> WorkerCommand:
+def parse_command(argv: list[str], settings: Settings | None = None) -> WorkerCommand:
+    """`settings`: this process's (sr.settings; default: read now)."""
+    settings = settings if settings is not None else read_process_settings()
     args = _parser().parse_args(argv)
     if args.uds and (args.host or args.port is not None):
         raise UsageError("give either --uds PATH or --host/--port, not both")
@@ -96,24 +86,16 @@ def parse_command(argv: list[str]) -> WorkerCommand:
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port: must be 0..65535, got {args.port}")
     options = WorkerOptions(
-        artifact=args.artifact,
+        **engine_from_flags(args),
         device=args.device,
-        revision=args.revision,
         threads=args.threads,
-        profile=args.profile,
-        max_tokens=args.max_tokens,
-        overflow=args.overflow,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        dtype=args.dtype,
-        kernel=args.kernel,
-        fault_injection=os.environ.get("SR_FAULT_INJECTION") == "1",
+        fault_injection=settings.fault_injection,
     )
     options.validate()
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )
-    api_key = auth.worker_key(args.api_key, os.environ, tcp="port" in listen)
+    api_key = auth.worker_key(args.api_key, settings.environ, tcp="port" in listen)
     if "host" in listen and (problem := auth.required_key_problem(listen["host"], api_key)):
         raise UsageError(problem)
     context = {"deployment": args.deployment, "replica": args.replica, "pid": os.getpid()}
@@ -121,7 +103,7 @@ def parse_command(argv: list[str]) -> WorkerCommand:
         options=options,
         listen=listen,
         parent_fd=_parent_fd(args.parent_fd),
-        log_format=resolve_log_format(args.log_format, os.environ, sys.stderr),
+        log_format=resolve_log_format(args.log_format, settings.environ, sys.stderr),
         log_context={key: value for key, value in context.items() if value is not None},
         api_key=api_key,
     )
@@ -141,8 +123,8 @@ def _parent_fd(fd: int | None) -> int | None:
 
 def main(argv: list[str]) -> int:
     try:
-        command = parse_command(argv)
-        adaptive = adaptive_mode(os.environ)
+        settings = read_process_settings()  # the one read of the environment
+        command = parse_command(argv, settings)
     except UsageError as error:
         print(f"sr worker: {error}", file=sys.stderr)
         return 2
@@ -152,12 +134,14 @@ def main(argv: list[str]) -> int:
         # must not leave us loading a model for nobody.
         watch_parent_fd(command.parent_fd)
     configure_logging(log_format=command.log_format, context=command.log_context, worker=True)
-    malloc = configure_malloc()  # before the model's first batch (sr.worker.allocator)
+    malloc = configure_malloc(
+        settings.environ
+    )  # before the model's first batch (sr.worker.allocator)
     if malloc != "tuned":
         logging.getLogger("sr.worker").info("malloc: %s", malloc)
     listening: list[str] = []  # filled once the socket is bound
     try:
-        trio.run(_run, options, listen, adaptive, listening, command.api_key)
+        trio.run(_run, options, listen, settings.adaptive_threads, listening, command.api_key)
     except (UsageError, OSError, BaseExceptionGroup) as error:
         # Trio nurseries wrap what escapes them in (nested) ExceptionGroups; a startup
         # failure is one leaf in there and deserves one line, not a traceback.

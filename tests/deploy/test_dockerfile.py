@@ -17,7 +17,7 @@ import tomllib
 import pytest
 
 from sr.config.schema import Listener
-from sr.pool.durations import DEFAULT_READY_TIMEOUT, parse_duration
+from sr.settings import DEFAULT_READY_TIMEOUT, parse_duration
 from tests.deploy.manifests import REPO
 
 dockerfile = pytest.importorskip("dockerfile")

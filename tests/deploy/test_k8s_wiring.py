@@ -17,10 +17,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from sr.config.load import load_config, parse_config
-from sr.pool.durations import READY_TIMEOUT_ENV, parse_duration
 from sr.pool.replica import STOP_GRACE_S
 from sr.pool.supervisor import DRAIN_TIMEOUT_S
 from sr.router.serve import HTTP_GRACE_S
+from sr.settings import READY_TIMEOUT_ENV, parse_duration
 from sr.worker.cli import parse_command
 from sr.worker.http import WORKER_HTTP_LIMITS
 from tests.deploy.manifests import (

@@ -148,7 +148,9 @@ def router(monkeypatch):
     calls = []
     module = types.ModuleType("sr.router.serve")
 
-    def run_sr_serve(config, *, config_path, host, port, threads, log_format, access_log):
+    def run_sr_serve(
+        config, *, config_path, host, port, threads, log_format, access_log, settings=None
+    ):
         calls.append(config)
         return 0
 
@@ -179,7 +181,8 @@ def managed(artifact: str, revision: str | None = None) -> dict:
 
 
 def serve(path: Path, *args: str) -> int:
-    return serve_cli.main([*args, "--config", str(path)], env=CPU_HOST)
+    # The hub variables the fixtures set, on a host without GPUs.
+    return serve_cli.main([*args, "--config", str(path)], env={**os.environ, **CPU_HOST})
 
 
 def one_error_line(capsys) -> str:

@@ -17,9 +17,9 @@ from sr.errors import (
 )
 from sr.events import RecordingSink
 from sr.pool import ReloadFailed, StartupFailed, open_router
-from sr.pool.durations import parse_duration, ready_timeout_s
 from sr.pool.identity import replica_identities
 from sr.pool.views import startup_status_json
+from sr.settings import Settings, parse_duration
 
 
 @pytest.fixture
@@ -268,6 +268,10 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_rejects(text):
     with pytest.raises(UsageError, match=r"duration|greater than zero"):
         parse_duration(text)
+
+
+def ready_timeout_s(environ: dict[str, str]) -> float:
+    return Settings.from_environ(environ).ready_timeout_s
 
 
 def test_ready_timeout_default_and_env():

@@ -138,7 +138,7 @@ def fake_open_router(core_holder: list[FakeRouterCore], make: Callable[[SrConfig
     """An `open_router` replacement that records the core it made."""
 
     @asynccontextmanager
-    async def open_router(config, *, events=None, in_process=False, threads=None):
+    async def open_router(config, *, events=None, in_process=False, threads=None, settings=None):
         core = make(config)
         core.events = events
         core_holder.append(core)

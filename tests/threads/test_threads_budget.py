@@ -1,7 +1,12 @@
 import pytest
 
 from sr.errors import UsageError
-from sr.thread_budget import adaptive_mode, worker_thread_count
+from sr.thread_budget import adaptive_mode, capped_thread_count, thread_override
+
+
+def worker_thread_count(budget: int, env: dict[str, str]) -> int:
+    """What the router gives a managed CPU worker (sr.pool.supervisor.default_worker_threads)."""
+    return capped_thread_count(budget, thread_override(env))
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(glibc() is None, reason="glibc only")
 # twice; then the process is left idle. Reports minor faults and anonymous memory.
 PROBE = """
 import ctypes, json, os, resource, sys, threading, time
+from sr.settings import read_process_settings
 from sr.worker import allocator
 
 def anon_mib():
@@ -45,7 +46,7 @@ def batch():
 if sys.argv[1] == "tune":  # configure_malloc's settings; its trimmer started below
     done = allocator.tune_malloc(allocator.glibc())
 else:
-    done = allocator.configure_malloc()
+    done = allocator.configure_malloc(read_process_settings().environ)
 report = {"done": done, "base": anon_mib()}
 report["trimmer"] = any(t.name == "sr-malloc-trim" for t in threading.enumerate())
 def device_thread():  # one long-lived thread, as the worker's: one arena

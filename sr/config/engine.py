@@ -1,0 +1,102 @@
+"""The engine arguments of a deployment: what every worker of it is started with.
+
+`EngineArgs` is the one value that the config (`Deployment.engine_args()`), a replica's
+identity (sr.pool.identity), the worker's argv (sr.pool.replica) and the worker's own
+options (sr.worker.options.WorkerOptions, a subclass) share. The mapping to and from
+`sr worker` flags is derived from its fields, so the two directions cannot drift:
+- a field `max_num_seqs` is the flag `--max-num-seqs`; ints parse as int;
+- a field whose value is None is left out of the argv (the worker's default is None too);
+  so is a field marked `omit_if_default` while it holds its default, which keeps the argv
+  (and the identity) of replicas from before that field existed unchanged.
+Which values are valid is decided where the deployment is read (sr.config.validate, with
+paths) and again by the worker (WorkerOptions.validate, naming flags), from the constants
+here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import attrs
+
+from sr.config.precision import AUTO_DTYPE
+
+# `exact`: rows share a forward only when a load-time probe proves answers bit-identical;
+# `throughput`: rows always share forwards (answers may differ in the last bits).
+PROFILES = ("exact", "throughput")
+OVERFLOW_MODES = ("reject", "truncate")
+# The precision workers compute in (`sr worker --dtype`); float16 is served on GPUs only
+# (docs/decisions.md). A deployment may also say `auto` (the default, left out of the
+# canonical dump and of the worker argv): the profile decides on the worker's host
+# (sr.config.precision): float32 under exact, bfloat16 where native under throughput.
+DTYPES = ("float32", "bfloat16", "float16")
+DEPLOYMENT_DTYPES = (AUTO_DTYPE, *DTYPES)
+DEFAULT_DTYPE = AUTO_DTYPE
+# The kernel of every linear product (sr.models.linear): `auto` lets the worker's load-time
+# probe pick oneDNN's packed weights where they keep `exact`'s guarantees, else BLAS; `blas`
+# keeps the weights as the file's shared pages (packed weights are private per replica);
+# `onednn` refuses to start where the probe rejects it.
+KERNELS = ("auto", "onednn", "blas")
+DEFAULT_KERNEL = "auto"
+# Devices whose workers refuse float16 (this torch CPU build has no fast float16 matmul).
+FLOAT16_REFUSED_ON = ("cpu",)
+# `sr worker` refuses --max-tokens below this: a row needs room for its special tokens.
+MIN_MAX_TOKENS = 2
+
+_OMIT_IF_DEFAULT = {"omit_if_default": True}
+
+
+@attrs.frozen
+class EngineArgs:
+    """How a deployment's workers serve its model (all replicas share these)."""
+
+    artifact: str
+    revision: str | None = None
+    profile: str = "exact"
+    max_tokens: int = 256
+    overflow: str = "reject"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str = attrs.field(default=DEFAULT_DTYPE, metadata=_OMIT_IF_DEFAULT)
+    kernel: str = attrs.field(default=DEFAULT_KERNEL, metadata=_OMIT_IF_DEFAULT)
+
+    def mapped(self) -> dict[str, object]:
+        """field -> value for what travels (argv, identity): module docstring's rules."""
+        out = {}
+        for field in attrs.fields(EngineArgs):
+            value = getattr(self, field.name)
+            if value is None or value == "":
+                continue
+            if field.metadata.get("omit_if_default") and value == field.default:
+                continue
+            out[field.name] = value
+        return out
+
+    def argv(self) -> list[str]:
+        """The `sr worker` flags that start a worker with these arguments."""
+        argv: list[str] = []
+        for name, value in self.mapped().items():
+            argv += [flag_name(name), str(value)]
+        return argv
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineArgs field (module docstring), with the field's default."""
+    for field in attrs.fields(EngineArgs):
+        kwargs: dict = {"dest": field.name}
+        if field.type in ("int", "int | None"):
+            kwargs["type"] = int
+        if field.default is attrs.NOTHING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = field.default
+        parser.add_argument(flag_name(field.name), **kwargs)
+
+
+def engine_from_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The EngineArgs fields of parsed flags, as keyword arguments."""
+    return {field.name: getattr(args, field.name) for field in attrs.fields(EngineArgs)}
