@@ -28,6 +28,7 @@ from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import ModelNotFound, ReloadFailed, StartupFailed
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
+from sr.pool.changes import StateChanges
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.durations import ready_timeout_s
@@ -40,7 +41,6 @@ from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport, TransportError
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 
-READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
 
 
@@ -83,6 +83,8 @@ class Supervisor:
         self.pools: dict[str, DeploymentPool] = {}
         self._nursery = nursery
         self._sequence = itertools.count(1)
+        # Every deployment's replica changes, for `wait_ready` and a reload's warm-up.
+        self.changes = StateChanges()
         self._reload_lock = trio.Lock()
 
     @property
@@ -270,11 +272,13 @@ class Supervisor:
         """Until every deployment has a ready replica; StartupFailed when one never can."""
         limit = ready_timeout_s() if timeout_s is None else timeout_s
         with trio.move_on_after(limit):
-            while True:
-                self._raise_if_hopeless()
-                if self.is_ready():
-                    return
-                await trio.sleep(READY_POLL_S)
+            await self.changes.wait_until(lambda: self.is_ready() or self._hopeless() is not None)
+            hopeless = self._hopeless()
+            if hopeless is not None:
+                raise StartupFailed(
+                    f"deployment {hopeless!r} cannot start: {_describe(self.pools[hopeless])}"
+                )
+            return
         waiting = [
             f"{name}: " + _describe(pool)
             for name, pool in self.pools.items()
@@ -282,10 +286,9 @@ class Supervisor:
         ]
         raise StartupFailed(f"not ready after {limit:g}s: " + "; ".join(waiting))
 
-    def _raise_if_hopeless(self) -> None:
-        for name, pool in self.pools.items():
-            if pool.all_terminal():
-                raise StartupFailed(f"deployment {name!r} cannot start: {_describe(pool)}")
+    def _hopeless(self) -> str | None:
+        """The first deployment whose replicas are all terminal, or None."""
+        return next((name for name, pool in self.pools.items() if pool.all_terminal()), None)
 
     # -- building and reloading -----------------------------------------------------
     async def _prepare(
@@ -306,6 +309,7 @@ class Supervisor:
                     next_sequence=self._sequence.__next__,
                     outlier=deployment.outlier_detection,
                     events=self.events,
+                    changes=self.changes,
                 )
                 pool = DeploymentPool(name, deployment, policy)
                 await self._nursery.start(pool.run)
@@ -411,6 +415,7 @@ class Supervisor:
             on_change=pool.recompose,
             events=self.events,
             drain_timeout_s=DRAIN_TIMEOUT_S,
+            changes=self.changes,
         )
         return group
 
@@ -457,35 +462,38 @@ class Supervisor:
                 if key not in (self.pools[name].groups if name in self.pools else {})
             ]
             limit = ready_timeout_s() if timeout_s is None else timeout_s
-            failure = None
-            group_failure = None
+
+            def failed_runner() -> ReplicaRunner | None:
+                return next(
+                    (
+                        r
+                        for r in started
+                        if r.record.lifecycle is ReplicaState.FAILED
+                        or r.record.lifecycle is ReplicaState.INCOMPATIBLE
+                    ),
+                    None,
+                )
+
+            def failed_group() -> str | None:
+                return next(
+                    (
+                        f"deployment {name!r} discover {group.entry.discover}: {why}"
+                        for name, group in new_groups
+                        if (why := group.warm_failure()) is not None
+                    ),
+                    None,
+                )
+
+            def settled() -> bool:
+                warm = all(r.record.lifecycle is ReplicaState.READY for r in started) and all(
+                    group.is_warm() for _, group in new_groups
+                )
+                return warm or failed_runner() is not None or failed_group() is not None
+
             with trio.move_on_after(limit) as scope:
-                while (
-                    failure is None
-                    and group_failure is None
-                    and not (
-                        all(r.record.lifecycle is ReplicaState.READY for r in started)
-                        and all(group.is_warm() for _, group in new_groups)
-                    )
-                ):
-                    failure = next(
-                        (
-                            r
-                            for r in started
-                            if r.record.lifecycle is ReplicaState.FAILED
-                            or r.record.lifecycle is ReplicaState.INCOMPATIBLE
-                        ),
-                        None,
-                    )
-                    group_failure = next(
-                        (
-                            f"deployment {name!r} discover {group.entry.discover}: {why}"
-                            for name, group in new_groups
-                            if (why := group.warm_failure()) is not None
-                        ),
-                        None,
-                    )
-                    await trio.sleep(READY_POLL_S)
+                await self.changes.wait_until(settled)
+            failure = failed_runner()
+            group_failure = failed_group()
             if failure is not None or group_failure is not None or scope.cancelled_caught:
                 for runner in started:
                     self._nursery.start_soon(runner.retire, 0)
