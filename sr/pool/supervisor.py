@@ -85,6 +85,8 @@ class Supervisor:
         self._sequence = itertools.count(1)
         # Every deployment's replica changes, for `wait_ready` and a reload's warm-up.
         self.changes = StateChanges()
+        # The router's one reload lock: a reload from the Python API waits for the one
+        # running; the file reloader (sr.router.reload) refuses instead (`reloading`).
         self._reload_lock = trio.Lock()
 
     @property
@@ -449,8 +451,14 @@ class Supervisor:
         plan, _, new_pools = await self._prepare(config, StartupFailed)
         self._publish(config, plan, new_pools)
 
+    @property
+    def reloading(self) -> bool:
+        """A reload is running (or queued)."""
+        return self._reload_lock.locked()
+
     async def reload(self, config: SrConfig, *, timeout_s: float | None = None) -> None:
-        """Bring up what is new, publish atomically, then retire what was removed."""
+        """Bring up what is new, publish atomically, then retire what was removed. One
+        at a time: a second call waits for the first."""
         async with self._reload_lock:
             plan, started, new_pools = await self._prepare(config, ReloadFailed)
             # Discovery groups this reload adds warm up first (Envoy's cluster warming):

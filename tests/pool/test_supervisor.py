@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 import trio.testing
 
+from sr.config.load import dump_config
 from sr.config.schema import Deployment, OutlierDetection, Replica
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
+    ReloadInProgress,
     UsageError,
     WorkerFailed,
 )
@@ -20,6 +24,7 @@ from sr.pool import ReloadFailed, StartupFailed, open_router
 from sr.pool.durations import parse_duration, ready_timeout_s
 from sr.pool.identity import replica_identities
 from sr.pool.outcome import Outcome
+from sr.router.reload import ConfigReloader
 
 
 @pytest.fixture
@@ -410,3 +415,39 @@ async def test_retire_stops_the_replica_when_its_last_request_ends(
             pool.policy.release(held, Outcome.OK, trio.current_time())
             released_at = trio.current_time()
         assert retired_at == [released_at]
+
+
+async def test_one_reload_lock_for_the_file_reloader_and_the_python_api(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("primary", configs.cpu(1)))
+    path = tmp_path / "config.yaml"
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        adopted: list = []
+        reloader = ConfigReloader(
+            core, path, current=cfg, adopt=adopted.append, events=RecordingSink()
+        )
+        fake_worker.behaviour["load_s"] = 2.0
+        two, three = (
+            configs.config_with(("primary", configs.cpu(2))),
+            configs.config_with(("primary", configs.cpu(3))),
+        )
+        path.write_text(dump_config(three))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(core.reload, two, timeout_s=5))  # Python API
+            await trio.sleep(0.5)
+            assert core.reloading
+            with pytest.raises(ReloadInProgress):
+                await reloader.reload()  # refused, not queued
+        assert not core.reloading and len(core.pools["primary"].runners) == 2 and adopted == []
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reloader.reload)
+            await trio.sleep(0.5)
+            assert core.reloading
+            with pytest.raises(ReloadInProgress):
+                await reloader.reload()
+            await core.reload(two, timeout_s=5)  # the Python API waits its turn
+            assert [len(c.deployments["primary"].placements()) for c in adopted] == [3]
+        assert len(core.pools["primary"].runners) == 2 and not core.reloading
