@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from sr.config.schema import Deployment, SrConfig
-from sr.errors import ArtifactNotFound, StartupFailed
+from sr.errors import ArtifactNotFound, DownloadFailed
 from sr.models.artifacts import _REPO_ID, REQUIRED_FILES, hub_cache_dir, resolve_artifact
 
 # Top-level files sr reads (sr.models.artifacts, sr.models.checkpoint, sr.models.encoder).
@@ -58,10 +58,6 @@ MODULE_FILES = {
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's own reading of a boolean variable
 _ST = "sentence_transformers.models."
-
-
-class DownloadFailed(StartupFailed):
-    """An artifact `sr serve --download` needed could not be fetched (one line)."""
 
 
 def label(artifact: str, revision: str | None) -> str:
