@@ -1,4 +1,7 @@
-"""The one error taxonomy of sr.
+"""The one error taxonomy of sr: every error sr raises on purpose is drawn here.
+
+What a caller of sr can see (a command line, an HTTP caller, a program using the Python API)
+is an `SrError`, defined in this module:
 
     SrError
     ├── UsageError            a command line that cannot be carried out (exit status 2)
@@ -6,9 +9,11 @@
     ├── ArtifactNotFound      a model artifact that is not where sr looked
     ├── UnsupportedModel      a checkpoint sr can read but cannot serve faithfully
     ├── StartupFailed         a deployment can never become ready (names replica and reason)
+    │   └── DownloadFailed    an artifact `sr serve --download` needed could not be fetched
     ├── ReloadFailed          a new config could not be brought up; the old one serves on
     └── RequestError          an answer to an HTTP caller: status + code + message
         ├── InvalidRequest    400 invalid_request
+        │   └── EmptyInput    400 invalid_request; TEI's routes answer it as TEI's `Empty`
         ├── InvalidConfig     400 invalid_config (POST /api/v1/reload)
         ├── InvalidApiKey     401 invalid_api_key
         ├── Forbidden         403 forbidden (a CORS preflight from an origin not allowed)
@@ -18,14 +23,58 @@
         ├── MethodNotAllowed  405 method_not_allowed
         ├── HeadReadTimeout   408 request_timeout (request head not complete in time)
         ├── BodyReadTimeout   408 request_timeout (body not complete in time)
-        ├── ReloadRejected    409 reload_failed / reload_in_progress / reload_unavailable
+        ├── ReloadRejected    409 reload_failed (POST /api/v1/reload)
+        │   ├── ReloadInProgress  409 reload_in_progress (one reload at a time)
+        │   └── ReloadUnavailable 409 reload_unavailable (no config file to re-read)
         ├── RequestTooLarge   413 request_too_large
+        ├── HeadersTooLarge   431 request_header_fields_too_large (request head or trailers)
         ├── ForwardFailed     500 worker_failed (inside a worker: a forward raised)
         ├── WorkerFailed      502 worker_failed
         ├── Overloaded        503 overloaded (with Retry-After)
         ├── Unavailable       503 unavailable
         ├── DeadlineExceeded  504 timeout
         └── VersionNotSupported 505 http_version_not_supported
+
+Beside the code that raises them live the signals between sr's own modules: each is caught
+inside sr and becomes an SrError above, a fallback, a retry or an exit status, so no caller
+of sr handles one, and keeping it beside the only code that raises and handles it keeps that
+code readable on its own. None of them derives from SrError: a broad `except SrError` (the
+CLI's one-line exit, the reloader's 409) must not swallow one by accident.
+
+    sr.pool.state.IllegalTransition        a lifecycle move the state table forbids: a bug in
+                                           sr, never caught (an assertion with a name)
+    sr.pool.forked.ForkServerError         the fork server could not fork a worker: the
+                                           replica spawns it instead (sr.pool.replica)
+    sr.pool.worker_access.AccessError      an attached replica's key or CA bundle is unusable:
+                                           StartupFailed / ReloadFailed naming the field
+    sr.worker.service.DeviceUnavailable    the accelerator asked for is absent: the worker's
+                                           /health says `failed` with the reason
+    sr.router.inventory_cli.InventoryUnavailable
+                                           `sr inventory` got no inventory: exit status 1
+    sr.router.inventory_cli.RouterAway     an InventoryUnavailable: the router is not
+                                           answering now, so `--watch` waits and asks again
+    sr.http.server.PeerGone                the peer closed the connection: stop serving it
+    sr.http.asgi.ClientDisconnected        the caller hung up before its body arrived: no
+                                           answer is written (sr.router.app)
+    sr.http.sockio.SendTimeout             the peer did not read our answer in time (a
+                                           trio.BrokenResourceError: the connection is dropped)
+    sr.http.wire.InvalidAnswer             an answer that cannot be written as HTTP/1.1 (a
+                                           bug in the app): a 500 instead, or the connection
+                                           is dropped
+    sr.http.asgi_adapter.LifespanFailed    the ASGI app reported that its startup failed: the
+                                           server does not start
+
+Transport errors, the router-to-worker exchange failing before an HTTP answer came back
+(each becomes WorkerFailed, or a retry on another replica, in sr.pool.deployment):
+
+    sr.http.client.Http1Error              the client's exchange failed or the answer was
+                                           malformed
+    sr.pool.transport.TransportError       no HTTP answer (refused, reset, closed, ...)
+    sr.pool.deployment._NoAnswer           carries the WorkerFailed a retry may replace
+
+Bad arguments to a function (a caller's programming error, such as a thread count of 0)
+raise Python's own ValueError or TypeError, as the standard library does; they are not part
+of this taxonomy.
 
 Workers and the router share the JSON body, OpenAI's error shape:
 `{"error": {"code": ..., "message": ..., "type": ..., "param": ..., "request_id": ...}}`,
@@ -85,6 +134,10 @@ class UnsupportedModel(SrError):
 class StartupFailed(SrError):
     """A deployment can never become ready, or readiness timed out. Names the deployment,
     the replica and the reason."""
+
+
+class DownloadFailed(StartupFailed):
+    """An artifact `sr serve --download` needed could not be fetched (one line)."""
 
 
 class ReloadFailed(SrError):
@@ -151,6 +204,10 @@ class InvalidRequest(RequestError):
     names_field = True
 
 
+class EmptyInput(InvalidRequest):
+    """TEI's `Empty` (400): an empty batch, or a text with nothing in it (sr.router.tei)."""
+
+
 class InvalidConfig(RequestError):
     status, code = 400, "invalid_config"
 
@@ -203,6 +260,12 @@ class ReloadUnavailable(ReloadRejected):
 class RequestTooLarge(RequestError):
     status, code = 413, "request_too_large"
     names_field = True
+
+
+class HeadersTooLarge(RequestError):
+    """A request head (or trailers) over the cap (sr.http.limits); the connection closes."""
+
+    status, code = 431, "request_header_fields_too_large"
 
 
 class ForwardFailed(RequestError):

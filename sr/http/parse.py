@@ -40,12 +40,8 @@ from typing import Final
 import attrs
 import httptools
 
-from sr.errors import InvalidRequest, RequestError, VersionNotSupported
+from sr.errors import HeadersTooLarge, InvalidRequest, RequestError, VersionNotSupported
 from sr.http.framing import request_body_length
-
-
-class HeadersTooLarge(RequestError):
-    status, code = 431, "request_header_fields_too_large"
 
 
 @attrs.define(slots=True)

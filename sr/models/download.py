@@ -38,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from sr.config.schema import Deployment, SrConfig
-from sr.errors import ArtifactNotFound, StartupFailed
+from sr.errors import ArtifactNotFound, DownloadFailed
 from sr.models.artifacts import _REPO_ID, REQUIRED_FILES, resolve_artifact
 from sr.settings import ModelSources, read_process_settings
 
@@ -58,10 +58,6 @@ MODULE_FILES = {
     "Dense": ("config.json", "model.safetensors"),
 }
 _ST = "sentence_transformers.models."
-
-
-class DownloadFailed(StartupFailed):
-    """An artifact `sr serve --download` needed could not be fetched (one line)."""
 
 
 def label(artifact: str, revision: str | None) -> str:

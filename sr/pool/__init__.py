@@ -4,7 +4,8 @@ Pure policy: `state`, `backoff`, `ejection`, `policy`, `record`, `identity`,
 `membership` (discovered sets and when to resolve), `views` (the inventory as typed values,
 and its JSON, for the front end and the Python API).
 I/O: `transport`, `worker_access` (keys, CA bundles), `replica` (one task per replica),
-`discovery` (one task per `discover` entry), `deployment`, `supervisor` (`Supervisor`, `open_router`).
+`discovery` (one task per `discover` entry), `deployment`, `supervisor` (`Supervisor`,
+`open_router`).
 """
 
 from sr.errors import ReloadFailed, StartupFailed

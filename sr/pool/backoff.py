@@ -5,9 +5,15 @@
 * Restart backoff: a managed worker that exits is restarted after 1 s, doubling to 60 s;
   the delay resets once the worker has run healthy (ready, without a break) for 2 minutes.
   Time spent out of READY (unreachable, loading again, ...) never counts as healthy.
+
+Every capped doubling in the pool is `capped_doubling`: these two backoffs, the outlier
+ejection's duration (sr.pool.ejection) and the retry after a failed discovery resolution
+(sr.pool.membership).
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
 
 REQUEST_BACKOFF_BASE_S = 0.1
 REQUEST_BACKOFF_MAX_S = 3.2
@@ -16,8 +22,11 @@ RESTART_BACKOFF_MAX_S = 60.0
 RESTART_RESET_AFTER_HEALTHY_S = 120.0
 
 
-def doubling(base: float, cap: float, step: int) -> float:
-    """base * 2**step, capped; step 0 is the first delay."""
+Number = TypeVar("Number", int, float)
+
+
+def capped_doubling(base: Number, cap: Number, step: int) -> Number:
+    """base * 2**step, capped; step 0 is the first delay (ints stay ints: milliseconds)."""
     if step >= 32:  # 2**32 * any sane base is past any cap; avoid huge floats
         return cap
     return min(base * (1 << step), cap)
@@ -30,7 +39,7 @@ class RequestBackoff:
 
     def bad_outcome(self, now: float) -> float:
         """Record a failed/timeout outcome; returns the backoff delay applied."""
-        delay = doubling(REQUEST_BACKOFF_BASE_S, REQUEST_BACKOFF_MAX_S, self.consecutive_bad)
+        delay = capped_doubling(REQUEST_BACKOFF_BASE_S, REQUEST_BACKOFF_MAX_S, self.consecutive_bad)
         self.consecutive_bad += 1
         self.until = now + delay
         return delay
@@ -60,7 +69,7 @@ class RestartBackoff:
         """The worker exited at `now`; returns how long to wait before starting it again."""
         self._end_stretch(now)
         self.was_ready = False
-        delay = doubling(RESTART_BACKOFF_BASE_S, RESTART_BACKOFF_MAX_S, self.step)
+        delay = capped_doubling(RESTART_BACKOFF_BASE_S, RESTART_BACKOFF_MAX_S, self.step)
         self.step += 1
         self.restarts += 1
         return delay

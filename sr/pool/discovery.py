@@ -31,6 +31,7 @@ import trio
 
 from sr.config.schema import Deployment, Replica
 from sr.events import EventSink
+from sr.pool.changes import StateChanges
 from sr.pool.identity import engine_args
 from sr.pool.membership import (
     Address,
@@ -45,8 +46,6 @@ from sr.pool.views import DiscoveredAddress, DiscoveryView, MembershipStatus, Re
 
 S = ReplicaState
 RESOLVE_TIMEOUT_S = 5.0
-# How often a joining runner's state is looked at (the reload's own cadence, sr.pool.supervisor).
-JOIN_POLL_S = 0.05
 
 
 class Resolver(Protocol):
@@ -114,9 +113,12 @@ class DiscoveryGroup:
         events: EventSink,
         drain_timeout_s: float,
         wall_clock: Callable[[], float] = time.time,
+        changes: StateChanges | None = None,
     ) -> None:
         """`new_runner(replica_id, placement)` builds an attached runner; `on_change()` is
-        called whenever the published set (members and leaving ones) changes."""
+        called whenever the published set (members and leaving ones) changes; `changes` is
+        notified of each resolution (a reload waits for this group to warm up, and its
+        members' policy notifies their state changes: sr.pool.changes)."""
         assert entry.discover is not None
         self.deployment_name = deployment_name
         self.deployment = deployment  # what members serve (their cards are checked against)
@@ -137,6 +139,7 @@ class DiscoveryGroup:
         self._events = events
         self._drain_timeout_s = drain_timeout_s
         self._wall_clock = wall_clock
+        self._changes = changes or StateChanges()
         self._loop_scope = trio.CancelScope()
         self._poke = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -151,8 +154,10 @@ class DiscoveryGroup:
         return len(self.members) + len(self.joining)
 
     def is_warm(self) -> bool:
-        """Resolved at least once, and every address of it has joined."""
-        return self.last_good is not None and not self.joining
+        """Resolved at least once, and every address of it has joined. By the addresses,
+        not by `joining` being empty: a resolution lists its new addresses as joining one
+        by one (each after its runner started), and is not warm in between."""
+        return self.last_good is not None and all(a in self.members for a in self.discovered)
 
     def warm_failure(self) -> str | None:
         """Why this entry cannot warm up now (a reload adding it fails), or None."""
@@ -231,6 +236,12 @@ class DiscoveryGroup:
 
     async def resolve_once(self) -> None:
         """One resolution, applied: joins and leaves, or (on failure) nothing but a note."""
+        try:
+            await self._resolve_and_apply()
+        finally:
+            self._changes.notify()  # warm, or why not (`is_warm`, `warm_failure`)
+
+    async def _resolve_and_apply(self) -> None:
         addresses: list[Address] = []
         error = None
         with trio.move_on_after(RESOLVE_TIMEOUT_S) as scope:
@@ -288,10 +299,9 @@ class DiscoveryGroup:
 
     async def _join_when_ready(self, address: Address, runner: ReplicaRunner) -> None:
         rec = runner.record
-        while rec.lifecycle is not S.READY:
-            if rec.retired:
-                return  # the address left before it joined
-            await trio.sleep(JOIN_POLL_S)
+        await runner.policy.changes.wait_until(lambda: rec.lifecycle is S.READY or rec.retired)
+        if rec.lifecycle is not S.READY:
+            return  # the address left before it joined
         if self.joining.get(address) is not runner:
             return
         del self.joining[address]

@@ -24,16 +24,14 @@ import math
 from collections.abc import Sequence
 
 from sr.config.schema import OutlierDetection
+from sr.pool.backoff import capped_doubling
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import ReplicaState
 
 
 def ejection_ms(config: OutlierDetection, level: int) -> int:
     """Rule 3: base doubled `level` times, capped at the effective maximum."""
-    cap = config.effective_max_ejection_ms
-    if level >= 32:
-        return cap
-    return min(config.base_ejection_ms * (1 << level), cap)
+    return capped_doubling(config.base_ejection_ms, config.effective_max_ejection_ms, level)
 
 
 def max_ejected(config: OutlierDetection, replicas: int) -> int:

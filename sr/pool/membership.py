@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from sr.pool.backoff import capped_doubling
+
 Address = tuple[str, int]
 
 MIN_INTERVAL_S = 1.0
@@ -85,8 +87,9 @@ class ResolutionSchedule:
             self.due_at = now + self.refresh_s
         else:
             self.consecutive_failures += 1
-            retry = self.min_interval_s * 2 ** (self.consecutive_failures - 1)
-            self.due_at = now + min(retry, max(self.refresh_s, self.min_interval_s))
+            cap = max(self.refresh_s, self.min_interval_s)
+            step = self.consecutive_failures - 1
+            self.due_at = now + capped_doubling(self.min_interval_s, cap, step)
 
     def replica_failed(self, now: float) -> None:
         """A member failed: resolve again soon (the set may have moved), but bounded."""

@@ -19,6 +19,7 @@ from sr.config.schema import OutlierDetection
 from sr.errors import Overloaded, Unavailable
 from sr.events import EventSink
 from sr.pool import ejection
+from sr.pool.changes import StateChanges
 from sr.pool.outcome import Outcome
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import ReplicaState, check_transition
@@ -46,12 +47,15 @@ class DeploymentPolicy:
         outlier: OutlierDetection | None = None,
         events: EventSink | None = None,
         max_inflight: int = MAX_INFLIGHT,
+        changes: StateChanges | None = None,
     ) -> None:
+        """`changes` is notified of every change a task may wait for (sr.pool.changes)."""
         self.name = name
         self.records: list[ReplicaRecord] = []
         self.outlier = outlier or OutlierDetection()
         self.events = events or EventSink(log=False)
         self.max_inflight = max_inflight
+        self.changes = changes or StateChanges()
         self._next_sequence = next_sequence
         self._mark = 0  # counts outcomes; orders ok answers against timeout streaks
 
@@ -60,6 +64,7 @@ class DeploymentPolicy:
         """Replace the dispatchable set atomically (a reload)."""
         self.records = list(records)
         self.outlier = outlier
+        self.changes.notify()
 
     # -- dispatch -------------------------------------------------------------------
     def reserve(self, nbytes: int, now: float) -> Reservation:
@@ -132,6 +137,7 @@ class DeploymentPolicy:
         rec = res.record
         rec.inflight -= 1
         rec.outstanding_bytes -= res.cost
+        self.changes.notify()  # a drain waits for in-flight requests to end
         if rec.retired or outcome in (Outcome.REJECTED, Outcome.CANCELED):
             return False
         self._mark += 1
@@ -187,6 +193,7 @@ class DeploymentPolicy:
                 rec.early_exits = 0
                 rec.restart.became_ready(now)
             rec.recompute_blocked()
+            self.changes.notify()
         self.note_state(rec, now)
 
     def refresh(self, now: float) -> None:

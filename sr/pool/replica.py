@@ -49,7 +49,6 @@ STOP_GRACE_S = 5.0
 # After a worker is gone, how long its stderr may take to reach EOF (a child of the worker
 # could hold the pipe open): its last lines are the exit's reason.
 STDERR_DRAIN_S = 1.0
-DRAIN_POLL_S = 0.02
 
 
 def worker_argv(
@@ -175,8 +174,7 @@ class ReplicaRunner:
         rec.retired = True
         self.policy.set_lifecycle(rec, S.DRAINING, trio.current_time(), rec.reason)
         with trio.move_on_after(drain_timeout_s):
-            while rec.inflight > 0:
-                await trio.sleep(DRAIN_POLL_S)
+            await self.policy.changes.wait_until(lambda: rec.inflight == 0)
         self.cancel_scope.cancel()
         await self.done.wait()
 

@@ -37,6 +37,7 @@ from sr.errors import (
 )
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
+from sr.pool.changes import StateChanges
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.identity import replica_identities
@@ -50,7 +51,6 @@ from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 from sr.settings import Settings, read_process_settings
 
-READY_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 30.0
 
 
@@ -105,6 +105,10 @@ class Supervisor:
         self.pools: dict[str, DeploymentPool] = {}
         self._nursery = nursery
         self._sequence = itertools.count(1)
+        # Every deployment's replica changes, for `wait_ready` and a reload's warm-up.
+        self.changes = StateChanges()
+        # The router's one reload lock: a reload from the Python API waits for the one
+        # running; the file reloader (sr.router.reload) refuses instead (`reloading`).
         self._reload_lock = trio.Lock()
 
     # -- requests -------------------------------------------------------------------
@@ -318,11 +322,13 @@ class Supervisor:
         """Until every deployment has a ready replica; StartupFailed when one never can."""
         limit = self.settings.ready_timeout_s if timeout_s is None else timeout_s
         with trio.move_on_after(limit):
-            while True:
-                self._raise_if_hopeless()
-                if self.is_ready():
-                    return
-                await trio.sleep(READY_POLL_S)
+            await self.changes.wait_until(lambda: self.is_ready() or self._hopeless() is not None)
+            hopeless = self._hopeless()
+            if hopeless is not None:
+                raise StartupFailed(
+                    f"deployment {hopeless!r} cannot start: {_describe(self.pools[hopeless])}"
+                )
+            return
         waiting = [
             f"{name}: " + _describe(pool)
             for name, pool in self.pools.items()
@@ -330,10 +336,9 @@ class Supervisor:
         ]
         raise StartupFailed(f"not ready after {limit:g}s: " + "; ".join(waiting))
 
-    def _raise_if_hopeless(self) -> None:
-        for name, pool in self.pools.items():
-            if pool.all_terminal():
-                raise StartupFailed(f"deployment {name!r} cannot start: {_describe(pool)}")
+    def _hopeless(self) -> str | None:
+        """The first deployment whose replicas are all terminal, or None."""
+        return next((name for name, pool in self.pools.items() if pool.all_terminal()), None)
 
     # -- building and reloading -----------------------------------------------------
     async def _prepare(
@@ -354,6 +359,7 @@ class Supervisor:
                     next_sequence=self._sequence.__next__,
                     outlier=deployment.outlier_detection,
                     events=self.events,
+                    changes=self.changes,
                 )
                 pool = DeploymentPool(name, deployment, policy)
                 await self._nursery.start(pool.run)
@@ -460,6 +466,7 @@ class Supervisor:
             on_change=pool.recompose,
             events=self.events,
             drain_timeout_s=DRAIN_TIMEOUT_S,
+            changes=self.changes,
         )
         return group
 
@@ -493,10 +500,15 @@ class Supervisor:
         plan, _, new_pools = await self._prepare(config, StartupFailed)
         self._publish(config, plan, new_pools)
 
+    @property
+    def reloading(self) -> bool:
+        """A reload is running (or queued)."""
+        return self._reload_lock.locked()
+
     async def reload(self, config: SrConfig, *, timeout_s: float | None = None) -> None:
-        """Bring up what is new, publish atomically, then retire what was removed.
-        The environment is read again: a worker key that `api_key_env` names may have
-        been rotated (sr.settings)."""
+        """Bring up what is new, publish atomically, then retire what was removed. One
+        at a time: a second call waits for the first. The environment is read again: a
+        worker key that `api_key_env` names may have been rotated (sr.settings)."""
         async with self._reload_lock:
             try:
                 self.settings = read_process_settings()
@@ -512,35 +524,38 @@ class Supervisor:
                 if key not in (self.pools[name].groups if name in self.pools else {})
             ]
             limit = self.settings.ready_timeout_s if timeout_s is None else timeout_s
-            failure = None
-            group_failure = None
+
+            def failed_runner() -> ReplicaRunner | None:
+                return next(
+                    (
+                        r
+                        for r in started
+                        if r.record.lifecycle is ReplicaState.FAILED
+                        or r.record.lifecycle is ReplicaState.INCOMPATIBLE
+                    ),
+                    None,
+                )
+
+            def failed_group() -> str | None:
+                return next(
+                    (
+                        f"deployment {name!r} discover {group.entry.discover}: {why}"
+                        for name, group in new_groups
+                        if (why := group.warm_failure()) is not None
+                    ),
+                    None,
+                )
+
+            def settled() -> bool:
+                warm = all(r.record.lifecycle is ReplicaState.READY for r in started) and all(
+                    group.is_warm() for _, group in new_groups
+                )
+                return warm or failed_runner() is not None or failed_group() is not None
+
             with trio.move_on_after(limit) as scope:
-                while (
-                    failure is None
-                    and group_failure is None
-                    and not (
-                        all(r.record.lifecycle is ReplicaState.READY for r in started)
-                        and all(group.is_warm() for _, group in new_groups)
-                    )
-                ):
-                    failure = next(
-                        (
-                            r
-                            for r in started
-                            if r.record.lifecycle is ReplicaState.FAILED
-                            or r.record.lifecycle is ReplicaState.INCOMPATIBLE
-                        ),
-                        None,
-                    )
-                    group_failure = next(
-                        (
-                            f"deployment {name!r} discover {group.entry.discover}: {why}"
-                            for name, group in new_groups
-                            if (why := group.warm_failure()) is not None
-                        ),
-                        None,
-                    )
-                    await trio.sleep(READY_POLL_S)
+                await self.changes.wait_until(settled)
+            failure = failed_runner()
+            group_failure = failed_group()
             if failure is not None or group_failure is not None or scope.cancelled_caught:
                 for runner in started:
                     self._nursery.start_soon(runner.retire, 0)

@@ -3,8 +3,12 @@
 The file is read and validated first; an invalid file never reaches the pool. The pool
 prepares the new replicas before publishing them and keeps the old config serving when that
 fails (SPEC section 5). Only after the pool accepted the new config does the front end adopt
-it (artifacts, API keys, cache eligibility). One reload at a time: a second one asked for
-while the first runs is refused rather than queued, so callers learn the outcome they caused.
+it (artifacts, API keys, cache eligibility). One reload at a time, by the pool's one reload
+lock (`Supervisor.reloading`, whoever started the running one: this file reloader or the
+Python API): a reload asked for here while one runs is refused rather than queued, so
+callers learn the outcome they caused. The pool's `reload` returns to us with no checkpoint
+before `adopt`, so no other reload can slip between the pool taking a config and the front
+end adopting it.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ import logging
 import os
 from collections.abc import Callable
 from typing import Any
-
-import trio
 
 from sr.config.schema import SrConfig
 from sr.errors import (
@@ -54,41 +56,39 @@ class ConfigReloader:
         self.current = current
         self._adopt = adopt
         self._events = events
-        self._lock = trio.Lock()
 
     async def reload(self) -> dict[str, Any]:
         """Re-read the file and apply it; InvalidConfig, ReloadFailed or ReloadInProgress."""
-        if self._lock.locked():
+        # No checkpoint from this test to the pool taking its lock: nothing slips between.
+        if self.core.reloading:
             raise ReloadInProgress("a reload is already in progress")
-        async with self._lock:
-            from sr.config.load import load_config
+        from sr.config.load import load_config
 
-            try:
-                new = load_config(self.config_path)
-            except ConfigError as error:
-                self._events.emit("config_reload_rejected", path=str(self.config_path),
-                                  error=str(error))  # fmt: skip
-                raise InvalidConfig(f"{self.config_path}: {error}") from None
-            try:
-                await self.core.reload(new)
-            except SrError as error:
-                self._events.emit("config_reload_failed", error=str(error))
-                raise ReloadRejected(
-                    f"reload failed, the previous config keeps serving: {error}"
-                ) from None
-            except Exception as error:
-                _log.exception("config_reload_failed")
-                raise ReloadRejected(
-                    f"reload failed, the previous config keeps serving: {type(error).__name__}:"
-                    f" {error}"
-                ) from None
-            summary = reload_summary(new)
-            if _listener_changed(self.current, new):
-                summary["notes"] = ["listener host/port changes take effect at the next start"]
-            self.current = new
-            self._adopt(new)
-            self._events.emit("config_reloaded", deployments=summary["deployments"])
-            return summary
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as error:
+            self._events.emit("config_reload_rejected", path=str(self.config_path),
+                              error=str(error))  # fmt: skip
+            raise InvalidConfig(f"{self.config_path}: {error}") from None
+        try:
+            await self.core.reload(new)
+        except SrError as error:
+            self._events.emit("config_reload_failed", error=str(error))
+            raise ReloadRejected(
+                f"reload failed, the previous config keeps serving: {error}"
+            ) from None
+        except Exception as error:
+            _log.exception("config_reload_failed")
+            raise ReloadRejected(
+                f"reload failed, the previous config keeps serving: {type(error).__name__}: {error}"
+            ) from None
+        summary = reload_summary(new)
+        if _listener_changed(self.current, new):
+            summary["notes"] = ["listener host/port changes take effect at the next start"]
+        self.current = new
+        self._adopt(new)
+        self._events.emit("config_reloaded", deployments=summary["deployments"])
+        return summary
 
 
 def _listener_changed(old: SrConfig, new: SrConfig) -> bool:

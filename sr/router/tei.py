@@ -45,7 +45,7 @@ from urllib.parse import parse_qs
 
 import attrs
 
-from sr.errors import InvalidRequest, RequestError
+from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
@@ -89,10 +89,6 @@ _BY_CODE = {
     "timeout": (504, "Backend"),
 }
 _POOLING_NAMES = {"lasttoken": "last_token"}  # TEI's spelling of sentence-transformers' modes
-
-
-class EmptyInput(InvalidRequest):
-    """TEI's `Empty` (400): an empty batch, or a text with nothing in it."""
 
 
 @attrs.frozen

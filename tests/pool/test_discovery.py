@@ -310,6 +310,51 @@ async def test_reload_warms_a_new_entry_first_and_fails_when_it_cannot_resolve(
         assert statuses(core) == {"10.0.0.1:8100": "member"}
 
 
+class SlowResolver(FakeResolver):
+    """Answers after `delay_s`: members then start off the reload's own time grid."""
+
+    delay_s = 0.0123
+
+    async def resolve(self, host: str, port: int):
+        await trio.sleep(self.delay_s)
+        return await super().resolve(host, port)
+
+
+async def test_reload_warm_up_ends_at_the_instant_the_last_address_joins(tmp_path, autojump_clock):
+    fleet, sink = Fleet(), RecordingSink()
+    resolver = SlowResolver(A1, A2)
+    static = SrConfig()
+    static.deployments["primary"] = Deployment(
+        artifact=ARTIFACT, replicas=[Replica(endpoint="http://10.0.0.9:8100", model=ARTIFACT)]
+    )
+    joined_at: dict[str, float] = {}
+    sink.subscribe(
+        lambda event, fields: (
+            joined_at.setdefault(fields["address"], trio.current_time())
+            if event == "discovered_replica_joined"
+            else None
+        )
+    )
+    async with router(static, fleet, resolver, tmp_path, sink) as core:
+        await core.wait_ready(5)
+        fleet[A2].health = "loading"
+
+        async def ready_later() -> None:
+            await trio.sleep(1.5)
+            fleet[A2].health = "ready"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ready_later)
+            await core.reload(discovered_config(), timeout_s=5)
+            assert trio.current_time() == joined_at["10.0.0.2:8100"] > joined_at["10.0.0.1:8100"]
+            ready_at = [r.record.restart.healthy_since for r in view_runners(core)]
+            assert max(ready_at) == joined_at["10.0.0.2:8100"]  # joined as it turned ready
+
+
+def view_runners(core):
+    return core.pools["primary"].runners.values()
+
+
 async def test_a_key_variable_that_is_not_set_fails_startup_naming_the_field(
     tmp_path, monkeypatch, autojump_clock
 ):

@@ -7,7 +7,7 @@ import collections
 import pytest
 
 from sr.errors import Overloaded, Unavailable
-from sr.pool.backoff import RestartBackoff
+from sr.pool.backoff import RestartBackoff, capped_doubling
 from sr.pool.outcome import Outcome, outcome_of_status
 from sr.pool.state import IllegalTransition, ReplicaState, check_transition
 
@@ -148,6 +148,15 @@ def test_restart_backoff_doubles_to_60_and_resets_after_two_healthy_minutes():
     rb.became_ready(300.0)
     assert rb.exited(now=420.0) == 1
     assert rb.restarts == 10
+
+
+def test_capped_doubling_keeps_ints_and_survives_huge_steps():
+    assert [capped_doubling(0.1, 3.2, step) for step in range(7)] == [
+        0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 3.2
+    ]  # fmt: skip
+    ms = [capped_doubling(1000, 3000, step) for step in (0, 1, 2, 10_000)]
+    assert ms == [1000, 2000, 3000, 3000] and all(type(value) is int for value in ms)
+    assert capped_doubling(1.0, 300.0, 5000) == 300.0  # 2**5000 * 1.0 would overflow a float
 
 
 def test_every_ready_replica_backing_off_says_so_with_retry_after(make_policy):

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import trio
 import trio.testing
 
+from sr.config.load import dump_config
 from sr.config.schema import Deployment, OutlierDetection, Replica
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelNotFound,
     Overloaded,
+    ReloadInProgress,
     UsageError,
     WorkerFailed,
 )
 from sr.events import RecordingSink
 from sr.pool import ReloadFailed, StartupFailed, open_router
 from sr.pool.identity import replica_identities
+from sr.pool.outcome import Outcome
 from sr.pool.views import startup_status_json
+from sr.router.reload import ConfigReloader
 from sr.settings import Settings, parse_duration
 
 
@@ -331,3 +337,122 @@ async def test_inventory_follows_adaptive_thread_learning_until_it_settles(
         await trio.sleep(5)
         row = core.inventory().deployments["d"].replicas[0]
         assert row.adaptive_threads == learned  # settled: no more card reads
+
+
+async def test_wait_ready_resumes_when_the_replica_turns_ready_not_on_a_tick(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["load_s"] = 0.777
+    async with router(configs.config_with(("d", configs.cpu(1))), fake_worker, tmp_path) as core:
+        await trio.sleep(0.0123)  # off the prober's 0.1 s grid
+        await core.wait_ready(5)
+        (runner,) = core.pools["d"].runners.values()
+        # the instant the prober set READY (sr.pool.policy.set_lifecycle)
+        assert trio.current_time() == runner.record.restart.healthy_since
+
+
+async def test_wait_ready_fails_at_the_instant_the_last_replica_fails(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["health_failed"] = "golden check failed"
+    async with router(configs.config_with(("d", configs.cpu(1))), fake_worker, tmp_path) as core:
+        failed_at: list[float] = []
+        core.events.subscribe(
+            lambda event, fields: (
+                failed_at.append(trio.current_time()) if fields.get("state") == "failed" else None
+            )
+        )
+        await trio.sleep(0.0123)
+        with pytest.raises(StartupFailed, match="golden check failed"):
+            await core.wait_ready(5)
+        assert failed_at == [trio.current_time()]
+
+
+async def test_reload_publishes_when_its_new_replicas_turn_ready(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    async with router(configs.config_with(("d", configs.cpu(1))), fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        fake_worker.behaviour["load_s"] = 1.2345
+        new_runners = []
+        new_runner = core._new_runner
+
+        def recording_new_runner(*args, **kwargs):
+            new_runners.append(new_runner(*args, **kwargs))
+            return new_runners[-1]
+
+        core._new_runner = recording_new_runner
+        probed_at: list[float] = []
+
+        async def probe_off_the_grid() -> None:
+            # Loaded at +1.2345; a probe asked for at +1.2777 sees it ready then, off the
+            # probers' 0.1 s grid (the grid a 0.05 s poll of the reload would also hit).
+            await trio.sleep(1.2777)
+            probed_at.append(trio.current_time())
+            for runner in new_runners:
+                runner.request_probe()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe_off_the_grid)
+            await core.reload(configs.config_with(("d", configs.cpu(3))), timeout_s=5)
+            assert len(new_runners) == 2 and trio.current_time() == probed_at[0]
+            assert all(r.record.restart.healthy_since == probed_at[0] for r in new_runners)
+
+
+async def test_retire_stops_the_replica_when_its_last_request_ends(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    async with router(configs.config_with(("d", configs.cpu(1))), fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        pool = core.pools["d"]
+        (runner,) = pool.runners.values()
+        held = pool.policy.reserve(100, trio.current_time())
+        retired_at: list[float] = []
+
+        async def retire() -> None:
+            await runner.retire(drain_timeout_s=30)
+            retired_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(retire)
+            await trio.sleep(0.4567)
+            assert retired_at == [] and runner.record.lifecycle.value == "draining"
+            pool.policy.release(held, Outcome.OK, trio.current_time())
+            released_at = trio.current_time()
+        assert retired_at == [released_at]
+
+
+async def test_one_reload_lock_for_the_file_reloader_and_the_python_api(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    cfg = configs.config_with(("primary", configs.cpu(1)))
+    path = tmp_path / "config.yaml"
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        adopted: list = []
+        reloader = ConfigReloader(
+            core, path, current=cfg, adopt=adopted.append, events=RecordingSink()
+        )
+        fake_worker.behaviour["load_s"] = 2.0
+        two, three = (
+            configs.config_with(("primary", configs.cpu(2))),
+            configs.config_with(("primary", configs.cpu(3))),
+        )
+        path.write_text(dump_config(three))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(core.reload, two, timeout_s=5))  # Python API
+            await trio.sleep(0.5)
+            assert core.reloading
+            with pytest.raises(ReloadInProgress):
+                await reloader.reload()  # refused, not queued
+        assert not core.reloading and len(core.pools["primary"].runners) == 2 and adopted == []
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reloader.reload)
+            await trio.sleep(0.5)
+            assert core.reloading
+            with pytest.raises(ReloadInProgress):
+                await reloader.reload()
+            await core.reload(two, timeout_s=5)  # the Python API waits its turn
+            assert [len(c.deployments["primary"].placements()) for c in adopted] == [3]
+        assert len(core.pools["primary"].runners) == 2 and not core.reloading

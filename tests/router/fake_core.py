@@ -59,6 +59,7 @@ class FakeRouterCore:
         self.replica_states: dict[str, str] = {}  # replica id -> state, overriding ready
         self.reloads: list[SrConfig] = []
         self.reload_error: Exception | None = None
+        self.reloading = False  # Supervisor.reloading: a reload from elsewhere runs
         self.wait_ready_error: SrError | None = None
         self.replica_scrapes: list = []
         self.request_ids: list[str | None] = []
