@@ -27,6 +27,12 @@
         ├── DeadlineExceeded  504 timeout
         └── VersionNotSupported 505 http_version_not_supported
 
+    SrError (continued: the last section of this module)
+    └── TransportError        an exchange with a worker gave no usable HTTP answer
+        ├── ConnectFailed     no connection: the request never left the router
+        ├── WriteFailed       the request was not written whole: no handler saw it
+        └── ReadFailed        the request was written; its answer is missing or malformed
+
 Workers and the router share the JSON body, OpenAI's error shape:
 `{"error": {"code": ..., "message": ..., "type": ..., "param": ..., "request_id": ...}}`,
 `request_id` present while a request is being answered (sr.http.request_id).
@@ -234,3 +240,36 @@ class VersionNotSupported(RequestError):
     """A request line naming an HTTP version other than 1.0 and 1.1 (0.9, 2.0, ...)."""
 
     status, code = 505, "http_version_not_supported"
+
+
+# -- transport failures, by phase --------------------------------------------------------
+# The phase says whether the worker may have acted on the request (`reached_worker`), which
+# is what a retry has to know: sr.http.client writes a request again on a fresh connection
+# only when it cannot have reached the worker, and sr.pool.outcome maps every one of them
+# to a pool outcome and to the caller's WorkerFailed in one place.
+
+
+class TransportError(SrError):
+    """The exchange with a worker produced no usable HTTP answer (refused, reset, closed,
+    malformed). Raised as one of the phase classes below; fakes in tests may raise it bare."""
+
+    reached_worker: bool = True  # unknown phase: assume the worker may have acted
+
+
+class ConnectFailed(TransportError):
+    """No connection to the worker could be had; nothing was sent."""
+
+    reached_worker = False
+
+
+class WriteFailed(TransportError):
+    """The request could not be written whole (or not at all): no handler saw it."""
+
+    reached_worker = False
+
+
+class ReadFailed(TransportError):
+    """The request was written in full; the answer is missing, cut short or malformed.
+    The worker may have acted on the request."""
+
+    reached_worker = True
