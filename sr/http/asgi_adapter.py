@@ -31,8 +31,8 @@ import trio
 from sr.errors import RequestError
 from sr.http import hang_up
 from sr.http.connection import CLOSED, END, NEED_DATA
+from sr.http.driver import Connection, PeerGone, Response, error_answer
 from sr.http.parse import RequestHead
-from sr.http.server import Connection, PeerGone, Response, error_answer
 from sr.http.wire import InvalidAnswer
 
 AsgiApp = Callable[
