@@ -56,11 +56,13 @@ PAUSED: Final = Marker("PAUSED")  # the request is complete; the next waits for 
 
 
 class Side(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: Enum's own hash is Python code
     CALLER = "caller"
     SERVER = "server"
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: Enum's own hash is Python code
     IDLE = "IDLE"  # between requests
     SEND_BODY = "SEND_BODY"  # caller: the head is in, the body is coming
     SEND_ANSWER = "SEND_ANSWER"  # server: a request to answer
@@ -71,6 +73,7 @@ class State(enum.Enum):
 
 
 class _Move(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: Enum's own hash is Python code
     HEAD = "head"  # a request head (the caller's; the server side sees it too)
     END = "end"  # the end of a request body
     EOF = "eof"  # the caller closed its side
