@@ -160,10 +160,13 @@ class Connection:
         if server.adapter is not None:
             return await server.adapter.answer(self, request, method, path)
         try:
-            body = await read_body(
-                self._next_body_chunk, request.body_length,
-                self.limits.max_body_bytes, self.limits.body_timeout_s,
-            )  # fmt: skip
+            if request.body_length == 0 and self.http.next_event() is END:
+                body = b""  # llhttp ends a bodiless request with its head: no read, no timer
+            else:
+                body = await read_body(
+                    self._next_body_chunk, request.body_length,
+                    self.limits.max_body_bytes, self.limits.body_timeout_s,
+                )  # fmt: skip
         except RequestError as error:  # malformed, too large, too slow
             await self.refuse(error)
             return False
