@@ -1,4 +1,5 @@
-"""Router-to-worker client: sr.http.client (h11 over trio) against httpx, same worker.
+"""Router-to-worker client: sr.http.client (its own strict HTTP/1.1 over trio) against httpx,
+same worker.
 
     python -m bench.bench_transport [--rounds 20] [--per-round 100] [--baseline REV]
 
@@ -24,7 +25,7 @@ import trio
 
 from bench.harness import WorkerProcess, latency_summary, print_table, tiny_artifact, write_result
 from sr.http.client import Http1Pool
-from sr.pool.transport import Http1Transport, HttpxTransport
+from sr.pool.transport import HttpxTransport
 
 _counter = itertools.count()
 
@@ -42,6 +43,19 @@ async def one_round(transport, per_round: int, latencies: list[float]) -> float:
     return time.process_time() - cpu
 
 
+class PoolTransport:
+    """An `Http1Pool` (of this tree or of a past revision) behind the transport interface."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    async def exchange(self, method: str, path: str, body: bytes = b""):
+        return await self.pool.request(method, path, body)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
 def pool_class_at(revision: str) -> type:
     """`Http1Pool` from sr/http/client.py as committed at `revision`."""
     source = subprocess.run(
@@ -54,14 +68,14 @@ def pool_class_at(revision: str) -> type:
 
 async def compare(socket: str, rounds: int, per_round: int, baseline: str | None) -> dict:
     clients = {
-        "http1": Http1Transport(Http1Pool(uds=socket)),
+        "http1": PoolTransport(Http1Pool(uds=socket)),
         "httpx": HttpxTransport(uds=socket),
     }
     if baseline:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", baseline], capture_output=True, check=True, text=True
         ).stdout.strip()  # a name that stays meaningful after HEAD moves
-        clients[f"http1@{commit}"] = Http1Transport(pool_class_at(commit)(uds=socket))
+        clients[f"http1@{commit}"] = PoolTransport(pool_class_at(commit)(uds=socket))
     latencies: dict[str, list[float]] = {name: [] for name in clients}
     cpu: dict[str, float] = dict.fromkeys(clients, 0.0)
     walls: dict[str, float] = dict.fromkeys(clients, 0.0)

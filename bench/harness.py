@@ -255,12 +255,21 @@ def unique_text(prefix: str = "bench") -> str:
 def http_client(target: str):
     """A load-generator client: sr.http.client (cheap per request, so the client takes less
     of the shared CPUs than httpx would). `target` is a socket path or http://host:port."""
+    import trio
+
     from sr.http.client import Http1Pool
 
-    if target.startswith("http://"):
-        host, port = target.removeprefix("http://").rsplit(":", 1)
-        return Http1Pool(host=host, port=int(port), max_idle=256)
-    return Http1Pool(uds=target, max_idle=256)
+    if not target.startswith("http://"):
+        return Http1Pool(uds=target, max_idle=256)
+    host, port = target.removeprefix("http://").rsplit(":", 1)
+
+    class TcpPool(Http1Pool):
+        """The router's front door is TCP; sr's own hop client speaks only Unix sockets."""
+
+        async def _open_stream(self):
+            return await trio.open_tcp_stream(host, int(port))
+
+    return TcpPool(uds=target, max_idle=256)
 
 
 async def drive(

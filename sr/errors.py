@@ -35,6 +35,12 @@ is an `SrError`, defined in this module:
         ├── DeadlineExceeded  504 timeout
         └── VersionNotSupported 505 http_version_not_supported
 
+    SrError (continued: the last section of this module)
+    └── TransportError        an exchange with a worker gave no usable HTTP answer
+        ├── ConnectFailed     no connection: the request never left the router
+        ├── WriteFailed       the request was not written whole: no handler saw it
+        └── ReadFailed        the request was written; its answer is missing or malformed
+
 Beside the code that raises them live the signals between sr's own modules: each is caught
 inside sr and becomes an SrError above, a fallback, a retry or an exit status, so no caller
 of sr handles one, and keeping it beside the only code that raises and handles it keeps that
@@ -53,7 +59,12 @@ CLI's one-line exit, the reloader's 409) must not swallow one by accident.
                                            `sr inventory` got no inventory: exit status 1
     sr.router.inventory_cli.RouterAway     an InventoryUnavailable: the router is not
                                            answering now, so `--watch` waits and asks again
-    sr.http.server.PeerGone                the peer closed the connection: stop serving it
+    sr.pool.views.InventoryShapeError      `sr inventory` read JSON that is not an inventory
+                                           it can read (the field named): exit status 1
+    sr.http.connection.ConnectionStateError
+                                           a move the connection's state table forbids: a
+                                           bug in its driver, never caught
+    sr.http.driver.PeerGone                the peer closed the connection: stop serving it
     sr.http.asgi.ClientDisconnected        the caller hung up before its body arrived: no
                                            answer is written (sr.router.app)
     sr.http.sockio.SendTimeout             the peer did not read our answer in time (a
@@ -63,14 +74,6 @@ CLI's one-line exit, the reloader's 409) must not swallow one by accident.
                                            is dropped
     sr.http.asgi_adapter.LifespanFailed    the ASGI app reported that its startup failed: the
                                            server does not start
-
-Transport errors, the router-to-worker exchange failing before an HTTP answer came back
-(each becomes WorkerFailed, or a retry on another replica, in sr.pool.deployment):
-
-    sr.http.client.Http1Error              the client's exchange failed or the answer was
-                                           malformed
-    sr.pool.transport.TransportError       no HTTP answer (refused, reset, closed, ...)
-    sr.pool.deployment._NoAnswer           carries the WorkerFailed a retry may replace
 
 Bad arguments to a function (a caller's programming error, such as a thread count of 0)
 raise Python's own ValueError or TypeError, as the standard library does; they are not part
@@ -297,3 +300,36 @@ class VersionNotSupported(RequestError):
     """A request line naming an HTTP version other than 1.0 and 1.1 (0.9, 2.0, ...)."""
 
     status, code = 505, "http_version_not_supported"
+
+
+# -- transport failures, by phase --------------------------------------------------------
+# The phase says whether the worker may have acted on the request (`reached_worker`), which
+# is what a retry has to know: sr.http.client writes a request again on a fresh connection
+# only when it cannot have reached the worker, and sr.pool.outcome maps every one of them
+# to a pool outcome and to the caller's WorkerFailed in one place.
+
+
+class TransportError(SrError):
+    """The exchange with a worker produced no usable HTTP answer (refused, reset, closed,
+    malformed). Raised as one of the phase classes below; fakes in tests may raise it bare."""
+
+    reached_worker: bool = True  # unknown phase: assume the worker may have acted
+
+
+class ConnectFailed(TransportError):
+    """No connection to the worker could be had; nothing was sent."""
+
+    reached_worker = False
+
+
+class WriteFailed(TransportError):
+    """The request could not be written whole (or not at all): no handler saw it."""
+
+    reached_worker = False
+
+
+class ReadFailed(TransportError):
+    """The request was written in full; the answer is missing, cut short or malformed.
+    The worker may have acted on the request."""
+
+    reached_worker = True

@@ -1,9 +1,12 @@
 """sr.http: sr's HTTP/1.1 stack, for the router's front door, the workers and the client
 between them.
 
-`server` (the connection loop over trio streams), `asgi_adapter` (the router's ASGI app on
-it), `parse` (llhttp through httptools), `framing`, `wire` (answer heads), `sockio`,
-`hang_up` (one poller per server), `limits`, `client` (the router-to-worker HTTP/1.1 client),
-`private_folder` (Unix socket folders), `asgi`, `jsonbody` and `request_id` (helpers both
-sides share).
+`connection` (the sans-I/O server connection: protocol state and transitions in one table),
+`driver` (one connection's Trio loop around it), `server` (accepting, the connection cap,
+graceful shutdown), `asgi_adapter` (the router's ASGI app on it), `parse` (llhttp through
+httptools), `framing` (the one place that decides a body's framing), `wire` (answer
+heads), `body` (the one request-body reader, capped in size and time), `sockio`, `hang_up`
+(one poller per server), `limits`, `client` (the router-to-worker HTTP/1.1 client; its
+failures are sr.errors.TransportError by phase), `private_folder` (Unix socket folders),
+`asgi`, `jsonbody` and `request_id` (helpers both sides share).
 """

@@ -9,13 +9,11 @@ task for ever.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import trio
-
-from sr.errors import BodyReadTimeout, InvalidRequest, RequestError, RequestTooLarge
+from sr.errors import InvalidRequest, RequestError
+from sr.http import body as body_reader
 from sr.http.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -47,32 +45,23 @@ async def read_body(
     max_bytes: int,
     timeout_s: float = BODY_READ_TIMEOUT_S,
 ) -> bytes:
-    """The whole request body. RequestTooLarge as soon as it is known to exceed max_bytes,
-    BodyReadTimeout if it is not complete within timeout_s, ClientDisconnected if the
-    caller went away."""
+    """The whole request body, through sr.http.body (the one body reader). RequestTooLarge
+    as soon as it is known to exceed max_bytes, BodyReadTimeout if it is not complete within
+    timeout_s, ClientDisconnected if the caller went away."""
+    declared = None
     if content_length is not None:
         try:
             declared = int(content_length)
         except ValueError:
             raise InvalidRequest("Content-Length header is not an integer") from None
-        if declared > max_bytes:
-            raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    with trio.move_on_after(timeout_s if timeout_s > 0 else math.inf):
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected()
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > max_bytes:
-                    raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    raise BodyReadTimeout(f"request body not complete within {timeout_s:g}s")
+
+    async def next_chunk() -> tuple[bytes, bool]:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        return message.get("body", b""), message.get("more_body", False)
+
+    return await body_reader.read_body(next_chunk, declared, max_bytes, timeout_s)
 
 
 async def serve_lifespan(receive: Receive, send: Send) -> None:

@@ -10,8 +10,11 @@ socket while the app runs unless the app is in `receive()` for the body; a hang-
 `receive()` only waits for the socket to turn readable and peeks, so a pipelined next
 request stays in the kernel until the connection reads it.
 
-The app owns its body limits (sr.http.asgi.read_body); sending after the caller left is a no-op,
-as under hypercorn. An answer given before the body was read in full closes the connection.
+The adapter drives the connection only through its public interface (sr.http.server's
+`Connection`: the sans-I/O `http` state, `receive_more`, `send_answer`, `refuse`, ...); the
+connection decides framing and keep-alive. The app owns its body limits
+(sr.http.asgi.read_body); sending after the caller left is a no-op, as under hypercorn. An
+answer given before the body was read in full closes the connection.
 A body whose framing breaks while the app reads it (a bad chunk size, trailers over the
 cap) is answered here, 400 or 431, and the app's `receive()` then says `http.disconnect`:
 the same answer the worker's handler path gives.
@@ -27,8 +30,9 @@ import trio
 
 from sr.errors import RequestError
 from sr.http import hang_up
-from sr.http.parse import CLOSED, END, NEED_DATA, RequestHead
-from sr.http.server import Connection, PeerGone
+from sr.http.connection import CLOSED, END, NEED_DATA
+from sr.http.driver import Connection, PeerGone, Response, error_answer
+from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
 
 AsgiApp = Callable[
@@ -39,11 +43,6 @@ AsgiApp = Callable[
 _log = logging.getLogger("sr.http")
 _DISCONNECT = {"type": "http.disconnect"}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-_JSON = [(b"content-type", b"application/json")]
-_FAILED = (
-    b'{"error":{"code":"internal_error","message":"the router failed to answer",'
-    b'"type":"server_error","param":null}}'
-)
 
 
 class LifespanFailed(Exception):
@@ -51,8 +50,13 @@ class LifespanFailed(Exception):
 
 
 class AsgiAdapter:
-    def __init__(self, app: AsgiApp):
+    """`crash_answer`: the answer when the app fails before answering (500)."""
+
+    def __init__(self, app: AsgiApp, *, crash_answer: Response | None = None):
         self.app = app
+        self.crash_answer = crash_answer or error_answer(
+            RequestError("the server failed to answer")
+        )
 
     async def lifespan(
         self, ended: Callable[[], Awaitable[None]], *, task_status=trio.TASK_STATUS_IGNORED
@@ -93,10 +97,8 @@ class AsgiAdapter:
         request: RequestHead,
         method: str,
         path: str,
-        raw_path: bytes,
-        query: bytes,
     ) -> bool:
-        exchange = _Exchange(connection, request)
+        exchange = _Exchange(connection, request, self.crash_answer)
         scope = {
             "type": "http",
             "asgi": _ASGI,
@@ -104,8 +106,8 @@ class AsgiAdapter:
             "method": method,
             "scheme": "http",
             "path": path,
-            "raw_path": raw_path,
-            "query_string": query,
+            "raw_path": request.raw_path,
+            "query_string": request.query,
             "root_path": "",
             "headers": request.headers,
             "client": None,
@@ -121,10 +123,11 @@ class _Exchange:
     once the app sends its last body message (the router's answers are small and never
     streamed), so an app that fails half-way still gets a clean 500."""
 
-    def __init__(self, connection: Connection, request: RequestHead) -> None:
+    def __init__(self, connection: Connection, request: RequestHead, crash: Response) -> None:
         self.connection = connection
         self.request = request
-        self.hang_ups = connection.server.hang_ups
+        self.crash = crash
+        self.hang_ups = connection.hang_ups
         self._hang_up_scope: trio.CancelScope | None = None
         self.head_only = request.method == b"HEAD"
         self.gone = False
@@ -156,12 +159,12 @@ class _Exchange:
         if not self.body_done:
             await self.connection.linger()
             return False
-        return not self._must_close()
+        return True  # if the connection's state allows it (sr.http.connection, rule 4)
 
     @property
     def body_done(self) -> bool:
         """The request body was read to its end (the connection notes it as it parses)."""
-        return self.connection.request_done
+        return self.connection.http.request_complete
 
     def watch_for_hang_up(self, scope: trio.CancelScope) -> Callable[[], None]:
         """The `sr.hang_up` extension: cancel `scope` if the caller hangs up (noticed by
@@ -188,14 +191,15 @@ class _Exchange:
             return await self._wait_for_hang_up()
         if not self.finished:
             try:
-                await self.connection.send_continue_if_awaited(self.request)
+                await self.connection.send_continue_if_awaited()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.gone = True
                 return _DISCONNECT
+        http = self.connection.http
         chunks: list[bytes] = []
         while True:
             try:
-                event = self.connection.take_event()
+                event = http.next_event()
             except RequestError as error:  # a broken chunked body: answered here
                 await self._refuse(error)
                 return _DISCONNECT
@@ -204,7 +208,7 @@ class _Exchange:
                     return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
                 if not await self._read():
                     return _DISCONNECT
-            elif event is END:  # take_event noted the body complete (body_done)
+            elif event is END:  # the connection noted the body complete (body_done)
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 return {"type": "http.request", "body": body, "more_body": False}
             elif event is CLOSED:
@@ -284,31 +288,26 @@ class _Exchange:
     async def _fail(self) -> None:
         """Answer 500 if nothing was written yet."""
         if not (self.finished or self.gone):
-            await self._write(500, _JSON, _FAILED, len(_FAILED))
+            status, headers, body = self.crash
+            await self._write(status, headers, body, len(body))
 
     def _drop_unread_body(self) -> None:
         """An app that answers without reading the body (every GET route): if the whole
         body has already arrived (a GET has none), drop it, so that the connection can
         carry the next request instead of closing."""
-        while not self.body_done:
+        http = self.connection.http
+        while not http.request_complete:
             try:
-                event = self.connection.take_event()
+                event = http.next_event()
             except RequestError:
                 return
             if event is not END and not isinstance(event, bytes):
                 return  # more is still to come (or the caller closed): not readable now
 
-    def _must_close(self) -> bool:
-        stopping = self.connection.server.stopping
-        return stopping or not self.body_done or not self.request.keep_alive
-
     async def _write(self, status: int, headers, body: bytes, length: int) -> None:
         self._drop_unread_body()
         try:
-            await self.connection.send(
-                status, headers, body, length=length, close=self._must_close(),
-                method=self.request.method,
-            )  # fmt: skip
+            await self.connection.send_answer(status, headers, body, length)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.gone = True
         self.finished = True

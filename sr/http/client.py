@@ -7,17 +7,19 @@ Content-Length, so it speaks a strict subset of HTTP/1.1: the request head is bu
 bytes and written with its body in one `send_all`; the answer is a status line, header lines
 up to the blank line (at most `MAX_HEAD_BYTES`), a mandatory Content-Length and exactly that
 many body bytes. Chunked or length-less answers, bad header lines and oversized heads are
-refused as malformed (an `Http1Error`, never a hang).
+refused as malformed (a `ReadFailed`, never a hang).
 
 Rules that keep errors honest:
+* Every failure is a `sr.errors.TransportError` of the phase it happened in: ConnectFailed,
+  WriteFailed (the request was not written whole, so no handler saw it) or ReadFailed (it
+  was written; the worker may have acted on it). Nothing above re-wraps them.
 * An idle connection the worker has closed (readable while idle: EOF or stray bytes) is
-  dropped before use. If writing a request to a reused connection fails, nothing reached the
-  worker's handler, so the request is written once more on a fresh connection. Once the
-  request is written, any failure is final (the worker may have acted on it).
+  dropped before use. A WriteFailed on a reused connection (the worker closed it as it was
+  reused) is written once more on a fresh connection; any other failure is final.
 * Any error or cancellation in the middle of an exchange closes that connection; only a
   connection whose exchange completed cleanly (and that the worker did not mark
   `connection: close`, and that carried no bytes past the answer) goes back to the idle list.
-* An answer larger than `max_response_bytes`, or a malformed one, is an `Http1Error` and
+* An answer larger than `max_response_bytes`, or a malformed one, is a `ReadFailed` and
   costs the connection.
 """
 
@@ -27,6 +29,7 @@ import re
 
 import trio
 
+from sr.errors import ConnectFailed, ReadFailed, WriteFailed
 from sr.http import sockio
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -39,10 +42,6 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(r"[!-~]+")  # visible ASCII: no spaces, CR, LF or controls
 _NO_BODY_STATUS = (204, 304)
 _HEAD_CACHE_SIZE = 64
-
-
-class Http1Error(Exception):
-    """The exchange did not produce a complete HTTP answer."""
 
 
 class _Connection:
@@ -62,21 +61,17 @@ class _Connection:
 
 
 class Http1Pool:
+    """Kept-alive connections to one worker's Unix socket `uds`."""
+
     def __init__(
         self,
         *,
-        uds: str | None = None,
-        host: str | None = None,
-        port: int | None = None,
+        uds: str,
         max_idle: int = DEFAULT_MAX_IDLE,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        if (uds is None) == (host is None or port is None):
-            raise ValueError("give either uds or host and port")
         self._uds = uds
-        self._host = host
-        self._port = port
-        self._host_header = b"worker" if uds is not None else f"{host}:{port}".encode()
+        self._host_header = b"worker"
         self._heads: dict[tuple[str, str], bytes] = {}  # request-line + host, per route
         self._idle: list[_Connection] = []
         self._max_idle = max_idle
@@ -90,7 +85,7 @@ class Http1Pool:
         """One exchange. `request_id` (visible ASCII, checked by the router's front end)
         travels as `x-request-id`, so the worker's log lines and errors carry it."""
         if self._closed:
-            raise Http1Error("client is closed")
+            raise ConnectFailed("client is closed")
         wire = self._request_bytes(method, path, body, request_id)
         conn, reused = await self._checkout()
         try:
@@ -98,18 +93,18 @@ class Http1Pool:
             # hung up) must not reach a worker.
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
-                await sockio.send_all(conn.stream, wire)
-            except (trio.BrokenResourceError, OSError) as error:
+                await _send(conn, wire)
+            except WriteFailed:
                 if not reused:
-                    raise Http1Error(f"send failed: {error!r}") from error
+                    raise
                 conn.close()  # the worker closed it while idle: try once on a fresh one
                 conn, reused = await self._checkout(fresh=True)
-                await sockio.send_all(conn.stream, wire)
+                await _send(conn, wire)
             status, headers, body, keep = await self._read_answer(conn, method == "HEAD")
         except BaseException as error:
             conn.close()
-            if isinstance(error, trio.BrokenResourceError | OSError):
-                raise Http1Error(f"{type(error).__name__}: {error}") from error
+            if isinstance(error, trio.BrokenResourceError | OSError):  # reading the answer
+                raise ReadFailed(f"{type(error).__name__}: {error}") from error
             raise
         if keep and not self._closed and len(self._idle) < self._max_idle:
             self._idle.append(conn)
@@ -123,9 +118,9 @@ class Http1Pool:
         prefix = self._heads.get((method, path))
         if prefix is None:
             if not _TOKEN.fullmatch(method.encode("ascii", "replace")):
-                raise Http1Error(f"invalid method {method!r}")
+                raise WriteFailed(f"invalid method {method!r}")
             if not _TARGET.fullmatch(path):
-                raise Http1Error(f"invalid request target {path!r}")
+                raise WriteFailed(f"invalid request target {path!r}")
             prefix = b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (
                 method.encode(), path.encode(), self._host_header)  # fmt: skip
             if len(self._heads) < _HEAD_CACHE_SIZE:
@@ -146,14 +141,14 @@ class Http1Pool:
                 return conn, True
             conn.close()
         try:
-            if self._uds is not None:
-                stream = await trio.open_unix_socket(self._uds)
-            else:
-                stream = await trio.open_tcp_stream(self._host, self._port)
+            stream = await self._open_stream()
         except OSError as error:
-            raise Http1Error(f"connect failed: {error!r}") from error
+            raise ConnectFailed(f"connect failed: {error!r}") from error
         self.connections_opened += 1
         return _Connection(stream), False
+
+    async def _open_stream(self) -> trio.SocketStream:
+        return await trio.open_unix_socket(self._uds)
 
     async def _read_answer(
         self, conn: _Connection, head_request: bool
@@ -165,15 +160,15 @@ class Http1Pool:
             end = data.find(b"\r\n\r\n")
             while end < 0:
                 if len(data) > MAX_HEAD_BYTES:
-                    raise Http1Error(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
+                    raise ReadFailed(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
                 chunk = await sockio.receive_some(stream, _READ_CHUNK)
                 if not chunk:
-                    raise Http1Error(_CLOSED_EARLY)
+                    raise ReadFailed(_CLOSED_EARLY)
                 searched = max(0, len(data) - 3)
                 data += chunk
                 end = data.find(b"\r\n\r\n", searched)
             if end > MAX_HEAD_BYTES:
-                raise Http1Error(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
+                raise ReadFailed(f"malformed answer: head exceeds {MAX_HEAD_BYTES} bytes")
             status, headers, length, keep = parse_head(data[:end])
             data = data[end + 4 :]
             if status >= 200:
@@ -181,9 +176,9 @@ class Http1Pool:
         if head_request or status in _NO_BODY_STATUS:
             length = 0
         elif length is None:
-            raise Http1Error("malformed answer: no content-length")
+            raise ReadFailed("malformed answer: no content-length")
         if length > self._max_response_bytes:
-            raise Http1Error(f"answer exceeds {self._max_response_bytes} bytes")
+            raise ReadFailed(f"answer exceeds {self._max_response_bytes} bytes")
         if len(data) < length:
             chunks = [data]
             have = len(data)
@@ -192,7 +187,7 @@ class Http1Pool:
                     stream, max(_READ_CHUNK, min(length - have, 1 << 20))
                 )
                 if not chunk:
-                    raise Http1Error(_CLOSED_EARLY)
+                    raise ReadFailed(_CLOSED_EARLY)
                 chunks.append(chunk)
                 have += len(chunk)
             data = b"".join(chunks)
@@ -210,33 +205,40 @@ class Http1Pool:
 
 def parse_head(head: bytes) -> tuple[int, dict[str, str], int | None, bool]:
     """Status line and header lines (no trailing blank line) -> (status, headers with
-    lower-case names, content-length or None, keep-alive). Raises Http1Error."""
+    lower-case names, content-length or None, keep-alive). Raises ReadFailed."""
     lines = head.split(b"\r\n")
     match = _STATUS_LINE.fullmatch(lines[0])
     if match is None:
-        raise Http1Error(f"malformed answer: status line {lines[0][:80]!r}")
+        raise ReadFailed(f"malformed answer: status line {lines[0][:80]!r}")
     keep = match.group(1) == b"1"  # an HTTP/1.0 answer is not kept
     headers: dict[str, str] = {}
     length: int | None = None
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name):
-            raise Http1Error(f"malformed answer: header line {line[:80]!r}")
+            raise ReadFailed(f"malformed answer: header line {line[:80]!r}")
         value = value.strip(b" \t")
         if b"\r" in value or b"\n" in value or b"\0" in value:
-            raise Http1Error(f"malformed answer: header value {line[:80]!r}")
+            raise ReadFailed(f"malformed answer: header value {line[:80]!r}")
         key = name.lower().decode("ascii")
         text = value.decode("latin-1")
         if key == "content-length":
             if not value.isdigit() or len(value) > 18:
-                raise Http1Error(f"malformed answer: content-length {text[:40]!r}")
+                raise ReadFailed(f"malformed answer: content-length {text[:40]!r}")
             if length is not None and int(value) != length:
-                raise Http1Error("malformed answer: conflicting content-length")
+                raise ReadFailed("malformed answer: conflicting content-length")
             length = int(value)
         elif key == "transfer-encoding":
-            raise Http1Error(f"malformed answer: transfer-encoding {text[:40]!r} unsupported")
+            raise ReadFailed(f"malformed answer: transfer-encoding {text[:40]!r} unsupported")
         elif key == "connection" and "close" in text.lower():
             keep = False
         headers[key] = text if key not in headers else f"{headers[key]}, {text}"
     status = int(match.group(2))
     return status, headers, length, keep
+
+
+async def _send(conn: _Connection, wire: bytes) -> None:
+    try:
+        await sockio.send_all(conn.stream, wire)
+    except (trio.BrokenResourceError, OSError) as error:
+        raise WriteFailed(f"send failed: {error!r}") from error

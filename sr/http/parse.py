@@ -57,7 +57,7 @@ class RequestHead:
     body_length: int  # declared (0 without a body), or sr.http.framing.CHUNKED
 
 
-class _Marker:
+class Marker:
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
@@ -67,9 +67,9 @@ class _Marker:
         return self.name
 
 
-END: Final = _Marker("END")  # the current request's body is complete
-NEED_DATA: Final = _Marker("NEED_DATA")  # nothing parsed is waiting; read more
-CLOSED: Final = _Marker("CLOSED")  # the caller closed (or no further request can follow)
+END: Final = Marker("END")  # the current request's body is complete
+NEED_DATA: Final = Marker("NEED_DATA")  # nothing parsed is waiting; read more
+CLOSED: Final = Marker("CLOSED")  # the caller closed (or no further request can follow)
 # Headers sr reads as a single value: a repeat is refused rather than one copy picked.
 _SINGLE_VALUED = frozenset({b"host", b"authorization", b"x-request-timeout-ms"})
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # read by sr.http.framing

@@ -8,8 +8,12 @@ was most of the hop's overhead. The worker's handler is called directly,
 hangs up, lifespan).
 Only what the router, its workers and direct callers need is here (no HTTP/2, no TLS):
 
-* requests parsed by llhttp (sr.http.parse); answers written by sr.http.wire, whole and framed
-  by sr.http.framing; socket reads and writes by sr.http.sockio (a checkpoint only when waiting);
+* the protocol's state (what may be read, answered, kept alive) is sr.http.connection's, a
+  state machine without I/O over llhttp (sr.http.parse) and the answer writer (sr.http.wire,
+  framing by sr.http.framing); this module is the Trio loop around it: read bytes, feed the
+  connection, act on its events, write what it returns, keep the time limits: one task per
+  connection (sr.http.driver), accepted here. Socket reads and writes are sr.http.sockio's
+  (a checkpoint only when waiting);
 * keep-alive, one request at a time per connection; pipelined requests are answered in
   order (what arrives early waits in the parser; while a request is served nothing more
   is read);
@@ -21,7 +25,8 @@ Only what the router, its workers and direct callers need is here (no HTTP/2, no
   costs it the connection, and each listener holds at most `max_connections` (beyond it
   the longest-idle connection is closed to make room, or the newcomer gets 503);
 * malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
-  the connection closed;
+  the connection closed; error bodies are the caller's (`error_answer`, by default sr's one
+  error shape from sr.errors), and so is the answer when the handler fails (`crash_answer`);
 * a caller that hangs up (or half-closes: the same on the wire) while its request is
   served is noticed by one poller per server (sr.http.hang_up): the work is cancelled and
   nothing is answered, for the worker's handler and the router's app alike;
@@ -38,58 +43,38 @@ import errno
 import logging
 import os
 import resource
-import socket
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
-from urllib.parse import unquote_to_bytes
 
 import trio
 
-from sr.errors import (
-    BodyReadTimeout,
-    HeadReadTimeout,
-    InvalidRequest,
-    Overloaded,
-    RequestError,
-    RequestTooLarge,
-)
+from sr.errors import Overloaded, RequestError
 from sr.http import hang_up, sockio
-from sr.http.framing import answer_framing
+from sr.http.connection import ServerConnection
+from sr.http.driver import READ_CHUNK, Connection, Handler, PeerGone, Response, error_answer
 from sr.http.limits import HttpLimits
-from sr.http.parse import END, NEED_DATA, RequestHead, RequestParser
-from sr.http.wire import CONTINUE, InvalidAnswer, answer_head
+from sr.http.parse import RequestHead
 
-Response = tuple[int, list[tuple[bytes, bytes]], bytes]
-# (method, path, body, the request's headers: lower-case names, in arrival order)
-Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Response]]
+__all__ = ["Adapter", "H1Server", "Handler", "Response", "error_answer", "open_listeners"]
 
 
 class Adapter(Protocol):
-    """What serves an app other than a plain handler (sr.http.asgi_adapter.AsgiAdapter)."""
+    """What serves an app other than a plain handler (sr.http.asgi_adapter.AsgiAdapter):
+    `answer` serves one request through the connection's public interface and says whether
+    the connection may carry another."""
 
     async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
-    async def answer(self, connection: Connection, request: RequestHead, method: str,
-                     path: str, raw_path: bytes, query: bytes) -> bool: ...  # fmt: skip
+    async def answer(
+        self, connection: Connection, request: RequestHead, method: str, path: str
+    ) -> bool: ...
 
 
 _log = logging.getLogger("sr.http")
-READ_CHUNK = 65536
-_JSON = (b"content-type", b"application/json")
-# After an early answer (413, 408) the caller may still be sending; reading (and dropping)
-# for a short while lets it see the answer instead of a reset connection.
-_LINGER_S = 1.0
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _DEFAULT_LIMITS = HttpLimits()
-_ANSWERED_AT_ONCE = frozenset({"GET", "HEAD"})
-_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
 # Descriptors kept out of the connection budget: worker sockets, pipes, logs, listeners.
 _RESERVED_FDS = 64
-
-
-class PeerGone(Exception):
-    """The caller closed or reset the connection; nobody is left to answer."""
 
 
 class H1Server:
@@ -99,7 +84,9 @@ class H1Server:
 
     `after_answer()` runs once each answer has been written (the worker's `exit` fault).
     With an adapter the app enforces its own body caps; `limits.max_body_bytes` and
-    `body_timeout_s` apply to `handler` only.
+    `body_timeout_s` apply to `handler` only. `error_answer(error)` makes the answer to a
+    request refused here (400, 408, 413, 431, 503, 505); `crash_answer` is the answer when
+    the handler raises or gives an answer that cannot be written.
     """
 
     def __init__(
@@ -110,6 +97,8 @@ class H1Server:
         adapter: Adapter | None = None,
         after_answer: Callable[[], None] | None = None,
         hang_up_interval_s: float = hang_up.DEFAULT_INTERVAL_S,
+        error_answer: Callable[[RequestError], Response] = error_answer,
+        crash_answer: Response | None = None,
     ) -> None:
         if (handler is None) == (adapter is None):
             raise ValueError("H1Server serves exactly one of handler or adapter")
@@ -117,6 +106,10 @@ class H1Server:
         self.adapter = adapter
         self.limits = limits
         self.after_answer = after_answer
+        self.error_answer = error_answer
+        self.crash_answer = crash_answer or error_answer(
+            RequestError("the server failed to answer")
+        )
         self.hang_ups = hang_up.HangUpPoller(hang_up_interval_s)
         self.stopping = False
         self._connections: set[Connection] = set()
@@ -173,7 +166,7 @@ class H1Server:
                 await trio.sleep(0.1)
                 continue
             if len(held) >= cap and not _close_longest_idle(held):
-                await _turn_away(stream)
+                await _turn_away(stream, self.error_answer(_TOO_MANY))
                 continue
             connection = Connection(self, stream)
             held.add(connection)
@@ -227,264 +220,20 @@ def _close_longest_idle(held: set[Connection]) -> bool:
 _TOO_MANY = Overloaded("too many open connections; retry shortly")
 
 
-async def _turn_away(stream: trio.abc.Stream) -> None:
+async def _turn_away(stream: trio.abc.Stream, answer: Response) -> None:
     """503 to a connection over the cap, without reading its request, then close. A fresh
     connection's send buffer is empty, so the write never waits; what the caller already
     sent is drained once (without waiting) so that closing does not reset the connection
     under its answer."""
-    head = answer_head(503, [_JSON, (b"retry-after", b"1")], len(_TOO_MANY.body()), close=True)
+    data = ServerConnection(0).refusal(*answer)  # no request is read: a bare refusal
     try:
         with trio.move_on_after(0.1):
-            await sockio.send_all(stream, head + _TOO_MANY.body())
+            await sockio.send_all(stream, data)
         if isinstance(stream, trio.SocketStream):
             os.read(stream.socket.fileno(), READ_CHUNK)
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     await trio.aclose_forcefully(stream)
-
-
-class Connection:
-    def __init__(self, server: H1Server, stream: trio.abc.Stream) -> None:
-        self.server = server
-        self.limits = server.limits
-        self.stream = stream
-        self.parser = RequestParser(self.limits.max_header_bytes)
-        self._idle_scope: trio.CancelScope | None = None
-        self._hang_up_scope = trio.CancelScope()  # Connection.serve's, for its whole life
-        # Since when it has waited for a next request with no byte of it yet; None while
-        # a request is read or served. The connection cap closes the longest idle first.
-        self.idle_since: float | None = None
-        self.eof = False
-        # Per request cycle.
-        self.request_done = False  # its body was read to the end
-        self.answered = False  # its answer was written
-        self.continue_sent = False
-        self.waited = False  # reading it had to wait for the caller's bytes
-
-    def stop_if_idle(self) -> None:
-        """Shutdown, or room needed at the connection cap: a connection waiting for its
-        next request, with no byte of it yet, closes now."""
-        if self._idle_scope is not None:
-            self._idle_scope.cancel()
-
-    async def serve(self) -> None:
-        # One scope for the connection's life, which the hang-up poller cancels when the
-        # caller hangs up while the handler runs (_call_handler): the connection is over
-        # then anyway, and a scope per request cost the worker 10-30 us (bench/narrative.md).
-        with trio.CancelScope() as self._hang_up_scope:
-            await self._serve_requests()
-        if self._hang_up_scope.cancelled_caught:
-            raise PeerGone()
-
-    async def _serve_requests(self) -> None:
-        while not self.server.stopping:
-            request = await self._next_request()
-            if request is None:
-                return
-            keep_alive = await self._answer(request)
-            if self.server.after_answer is not None:
-                self.server.after_answer()
-            if not (keep_alive and self.answered and self.request_done):
-                return
-            if not self.waited:
-                # The request was already buffered (pipelined): sr.http.sockio's reads and
-                # writes are no checkpoints, so let other connections run before the next.
-                await trio.lowlevel.checkpoint()
-            self.request_done = self.answered = self.continue_sent = self.waited = False
-
-    async def _next_request(self) -> RequestHead | None:
-        """The next request head; None when the connection should just close (caller gone,
-        idle too long, shutting down). Malformed, oversized and too slow heads are answered
-        here (400/505, 431, 408)."""
-        now = trio.current_time()
-        waiting = trio.CancelScope(deadline=now + self.limits.keep_alive_timeout_s)
-        self._idle_scope = waiting
-        self.idle_since = now
-        event = None
-        try:
-            with waiting:
-                while (event := self.take_event()) is NEED_DATA:
-                    if self._idle_scope is not None and self.parser.head_begun():
-                        # A head's first byte is here: no longer idle, and the rest of
-                        # the head must follow within the head timeout.
-                        self._idle_scope = self.idle_since = None
-                        waiting.deadline = trio.current_time() + self.limits.head_timeout_s
-                    await self.receive_more()
-        except RequestError as error:  # malformed (400, 505) or too large (431)
-            await self.refuse(error)
-            return None
-        finally:
-            self._idle_scope = self.idle_since = None
-        if waiting.cancelled_caught and self.parser.head_begun():
-            timeout = self.limits.head_timeout_s
-            await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
-            return None
-        if not isinstance(event, RequestHead):
-            return None  # idle timeout, shutdown, room at the cap, or the caller closed
-        return event
-
-    async def _answer(self, request: RequestHead) -> bool:
-        """Read the body, call the handler, write the answer. True if the connection may
-        carry another request."""
-        try:
-            method = request.method.decode("ascii")
-            path = unquote_to_bytes(request.raw_path).decode("utf-8")
-        except UnicodeDecodeError:
-            await self.refuse(InvalidRequest("request target is not valid UTF-8"))
-            return False
-        if self.server.adapter is not None:
-            return await self.server.adapter.answer(
-                self, request, method, path, request.raw_path, request.query
-            )
-        try:
-            body = await self._read_body(request)
-        except RequestError as error:  # malformed, too large, too slow
-            await self.refuse(error)
-            return False
-        # The caller may hang up (or half-close) while the handler runs: the server's
-        # poller then cancels the connection's scope, the handler is cancelled, and the
-        # connection ends without an answer, as the router's front end cancels a dispatch.
-        # The worker's GET routes (health, card, metrics) answer without waiting, so there
-        # is nothing to cancel: not watching them saves /health, the pool's most frequent
-        # request, about 10 us (bench/narrative.md).
-        watched = type(self.stream) is trio.SocketStream and method not in _ANSWERED_AT_ONCE
-        if watched:
-            hang_ups = self.server.hang_ups
-            hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
-        try:
-            status, headers, payload = await self.server.handler(
-                method, path, body, request.headers
-            )
-        except Exception:
-            _log.exception("handler failed on %s %s", method, path)
-            error = RequestError("the worker failed to answer")
-            status, headers, payload = error.status, [_JSON], error.body()
-        finally:
-            if watched:
-                hang_ups.unwatch(self)
-        if watched and self._hang_up_scope.cancel_called:
-            # A handler that returned before it noticed is not answered either: sr.http.sockio's
-            # writes are no cancel points.
-            raise PeerGone()
-        close = self.server.stopping or not request.keep_alive
-        try:
-            await self.send(status, headers, payload, close=close, method=request.method)
-        except InvalidAnswer:
-            _log.exception("handler gave an answer that cannot be written on %s %s", method, path)
-            error = RequestError("the worker failed to answer")
-            await self.send(error.status, [_JSON], error.body(), close=close)
-        return not close
-
-    async def _read_body(self, request: RequestHead) -> bytes:
-        limit = self.limits.max_body_bytes
-        if request.body_length > limit:
-            raise RequestTooLarge(f"request body exceeds {limit} bytes")
-        await self.send_continue_if_awaited(request)
-        chunks: list[bytes] = []
-        size = 0
-        with trio.move_on_after(self.limits.body_timeout_s):
-            while True:
-                event = await self.next_event()
-                if event is END:
-                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                if not isinstance(event, bytes):  # closed before the body was complete
-                    raise PeerGone()
-                size += len(event)
-                if size > limit:
-                    raise RequestTooLarge(f"request body exceeds {limit} bytes")
-                chunks.append(event)
-        raise BodyReadTimeout(f"request body not complete within {self.limits.body_timeout_s:g}s")
-
-    def take_event(self):
-        """The next parsed event without reading (NEED_DATA if none); RequestError for a
-        request that cannot be parsed."""
-        event = self.parser.next_event()
-        if event is END:
-            self.request_done = True
-        return event
-
-    async def next_event(self):
-        while True:
-            event = self.take_event()
-            if event is not NEED_DATA:
-                return event
-            await self.receive_more()
-
-    async def receive_more(self) -> None:
-        """One read from the caller into the parser; PeerGone once it has closed."""
-        if self.eof:
-            raise PeerGone()
-        data, waited = await sockio.receive_some_noting_wait(self.stream, READ_CHUNK)
-        self.waited = self.waited or waited
-        self.eof = not data
-        self.parser.feed(data)
-
-    async def refuse(self, error: RequestError) -> None:
-        """Answer a request that cannot be served (if the caller is still there), then the
-        connection closes."""
-        if self.eof:
-            raise PeerGone()
-        if not self.answered:
-            await self.send(error.status, [_JSON], error.body(), close=True)
-            await self.linger()
-
-    async def send_continue_if_awaited(self, request: RequestHead) -> None:
-        """`100 Continue` before waiting for a body the caller holds back for it."""
-        if not request.expects_continue or self.continue_sent or self.answered:
-            return
-        if not self.parser.has_pending():  # none of the body has arrived yet
-            self.continue_sent = True
-            await self._write(CONTINUE)
-
-    async def send(
-        self,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        *,
-        close: bool,
-        method: bytes = b"",
-        length: int | None = None,
-    ) -> None:
-        """Write one whole answer to a `method` request, framed by sr.http.framing: for HEAD
-        its head only (`length` may declare the size of the body a GET would get), for
-        1xx, 204 and 304 neither a length nor a body. InvalidAnswer, with nothing written,
-        if the head cannot be written as given."""
-        declares_length, carries_body = answer_framing(method, status)
-        if not declares_length:
-            length = None
-        elif length is None:
-            length = len(body)
-        head = answer_head(status, headers, length, close=close)
-        self.answered = True
-        await self._write(head + body if carries_body else head)
-
-    async def _write(self, data: bytes) -> None:
-        """All of `data` within the write timeout; BrokenResourceError (the connection is
-        dropped) for a caller that does not read."""
-        timeout = self.limits.write_timeout_s
-        try:
-            await sockio.send_all(self.stream, data, timeout)
-        except sockio.SendTimeout:
-            if isinstance(self.stream, trio.SocketStream):
-                # Close with a reset: a plain close would leave the unsent answer in the
-                # kernel, retried for minutes towards a caller that reads nothing.
-                sock = self.stream.socket
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-            raise trio.BrokenResourceError(
-                f"the caller did not read its answer within {timeout:g}s"
-            ) from None
-
-    async def linger(self) -> None:
-        """After an early answer: stop writing, then drop what the caller still sends for a
-        moment, so that closing does not reset the connection under its unread answer."""
-        with trio.move_on_after(_LINGER_S):
-            try:
-                await self.stream.send_eof()
-                while await self.stream.receive_some(READ_CHUNK):
-                    pass
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
 
 
 async def open_listeners(

@@ -15,22 +15,13 @@ import attrs
 import trio
 
 from sr.config.schema import Deployment
-from sr.errors import DeadlineExceeded, Overloaded, Unavailable, WorkerFailed
+from sr.errors import DeadlineExceeded, Overloaded, TransportError, Unavailable, WorkerFailed
 from sr.pool.discovery import DiscoveryGroup
-from sr.pool.outcome import Outcome, outcome_of_status
+from sr.pool.outcome import Outcome, no_answer, outcome_of_status, outcome_of_transport_error
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.replica import ReplicaRunner
 from sr.pool.state import ReplicaState, is_terminal
-from sr.pool.transport import TransportError
 from sr.pool.views import DeploymentState, DeploymentView
-
-
-class _NoAnswer(Exception):
-    """The worker gave no HTTP answer; carries the error the caller sees if no retry helps."""
-
-    def __init__(self, error: WorkerFailed) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 @attrs.frozen
@@ -98,27 +89,30 @@ class DeploymentPool:
     ) -> Reply:
         """Dispatch one request. A worker that gave no HTTP answer at all (it died, or its
         connection broke) is retried once on another replica within the same deadline:
-        inference is idempotent, and the caller would otherwise see the crash."""
+        inference is idempotent, and the caller would otherwise see the crash. That holds in
+        every transport phase (sr.errors.TransportError), even once the request was written."""
         now = trio.current_time()
         deadline = math.inf if timeout_s is None else now + timeout_s
         if self.config.timeout_ms is not None:
             deadline = min(deadline, now + self.config.timeout_ms / 1000)
+        first = await self._attempt(path, body, deadline, request_id)
+        if isinstance(first, Reply):
+            return first
+        if trio.current_time() >= deadline:
+            raise first
         try:
-            return await self._attempt(path, body, deadline, request_id)
-        except _NoAnswer as first:
-            if trio.current_time() >= deadline:
-                raise first.error from None
-            try:
-                return await self._attempt(path, body, deadline, request_id)
-            except _NoAnswer as second:
-                raise second.error from None
-            except (Unavailable, Overloaded):
-                # Nothing else could take it: the crash is the truer answer.
-                raise first.error from None
+            second = await self._attempt(path, body, deadline, request_id)
+        except (Unavailable, Overloaded):
+            raise first from None  # nothing else could take it: the crash is the truer answer
+        if isinstance(second, Reply):
+            return second
+        raise second
 
     async def _attempt(
         self, path: str, body: bytes, deadline: float, request_id: str | None
-    ) -> Reply:
+    ) -> Reply | WorkerFailed:
+        """The replica's answer, or (returned, not raised) the error for a replica that
+        gave no HTTP answer at all, which the caller may retry elsewhere."""
         res = self.policy.reserve(len(body), trio.current_time())
         rec = res.record
         runner = self.runners.get(rec.id)
@@ -134,10 +128,8 @@ class DeploymentPool:
                         "POST", path, body, request_id=request_id
                     )
                 except TransportError as error:
-                    outcome = Outcome.FAILED
-                    raise _NoAnswer(
-                        WorkerFailed(f"replica {rec.id} of {self.name!r}: {error}")
-                    ) from None
+                    outcome = outcome_of_transport_error(error)
+                    return no_answer(error, rec.id, self.name)
                 outcome = outcome_of_status(status)
             if scope.cancelled_caught:
                 outcome = Outcome.TIMEOUT

@@ -1,8 +1,11 @@
-"""Outcomes of one dispatched exchange (SPEC section 5) and how a status maps onto them."""
+"""Outcomes of one dispatched exchange (SPEC section 5): how an answer's status, and the
+one place how a transport failure (sr.errors.TransportError, typed by phase), map onto them."""
 
 from __future__ import annotations
 
 import enum
+
+from sr.errors import TransportError, WorkerFailed
 
 
 class Outcome(enum.Enum):
@@ -19,3 +22,17 @@ def outcome_of_status(status: int) -> Outcome:
     if 400 <= status < 500:
         return Outcome.REJECTED
     return Outcome.FAILED
+
+
+def outcome_of_transport_error(error: TransportError) -> Outcome:
+    """FAILED in every phase: a replica that refuses connections is as broken as one that
+    resets them mid-answer, and both count towards its backoff and ejection. The phase
+    (`error.reached_worker`) decides only whether the request may be written again."""
+    return Outcome.FAILED
+
+
+def no_answer(error: TransportError, replica: str, deployment: str) -> WorkerFailed:
+    """What the caller is told (502) when a replica gave no HTTP answer."""
+    failed = WorkerFailed(f"replica {replica} of {deployment!r}: {error}")
+    failed.__cause__ = error
+    return failed

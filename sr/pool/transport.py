@@ -7,7 +7,10 @@
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
 Deadlines are not the transport's business: the caller's cancel scope bounds the exchange.
-A transport raises `TransportError` for anything that is not an HTTP answer.
+A transport raises a `sr.errors.TransportError` of the phase that failed (ConnectFailed,
+WriteFailed, ReadFailed) for anything that is not an HTTP answer: sr.http.client raises
+them itself, httpx's errors are translated here (`_phase_error`), and sr.pool.outcome maps
+them to pool outcomes. Nothing else wraps them.
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ from typing import Any, Protocol
 
 import httpx
 
-from sr.http.client import Http1Error, Http1Pool
+from sr.errors import ConnectFailed, ReadFailed, TransportError, WriteFailed
+from sr.http.client import Http1Pool
+
+__all__ = ["HttpTransport", "HttpxTransport", "InProcessTransport", "Transport", "TransportError"]
 
 JSON_HEADERS = {"content-type": "application/json"}
-
-
-class TransportError(Exception):
-    """The exchange did not produce an HTTP answer (refused, reset, closed, ...)."""
 
 
 class Transport(Protocol):
@@ -51,11 +53,12 @@ class HttpTransport:
         ssl_context: ssl.SSLContext | None = None,
         tls_server_name: str | None = None,
     ) -> None:
-        self._inner: Http1Transport | HttpxTransport
+        self._pool: Http1Pool | None = None
+        self._httpx: HttpxTransport | None = None
         if uds is not None:
-            self._inner = Http1Transport(Http1Pool(uds=uds))
+            self._pool = Http1Pool(uds=uds)
         else:
-            self._inner = HttpxTransport(
+            self._httpx = HttpxTransport(
                 base_url=base_url,
                 api_key=api_key,
                 ssl_context=ssl_context,
@@ -65,26 +68,16 @@ class HttpTransport:
     async def exchange(
         self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        return await self._inner.exchange(method, path, body, request_id=request_id)
+        if self._pool is not None:
+            return await self._pool.request(method, path, body, request_id=request_id)
+        assert self._httpx is not None
+        return await self._httpx.exchange(method, path, body, request_id=request_id)
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class Http1Transport:
-    def __init__(self, pool: Http1Pool) -> None:
-        self.pool = pool
-
-    async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        try:
-            return await self.pool.request(method, path, body, request_id=request_id)
-        except Http1Error as error:
-            raise TransportError(str(error)) from error
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._httpx is not None:
+            await self._httpx.aclose()
 
 
 class HttpxTransport:
@@ -123,11 +116,22 @@ class HttpxTransport:
                 extensions=self._extensions,
             )
         except httpx.HTTPError as error:
-            raise TransportError(_describe_httpx_error(error)) from error
+            raise _phase_error(error) from error
         return response.status_code, dict(response.headers), response.content
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _phase_error(error: httpx.HTTPError) -> TransportError:
+    """httpx's error as the phase it failed in: connecting (also a connect timeout or a
+    refused pool slot), writing the request, or anything after it was written."""
+    text = _describe_httpx_error(error)
+    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return ConnectFailed(text)
+    if isinstance(error, httpx.WriteError | httpx.WriteTimeout):
+        return WriteFailed(text)
+    return ReadFailed(text)
 
 
 def _describe_httpx_error(error: BaseException) -> str:

@@ -31,7 +31,7 @@ from sr.errors import ConfigError, RequestError, SrError, StartupFailed, UsageEr
 from sr.events import EventSink
 from sr.http.asgi_adapter import AsgiAdapter
 from sr.http.limits import HttpLimits
-from sr.http.server import H1Server, open_listeners
+from sr.http.server import H1Server, error_answer, open_listeners
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.logs import AccessLog, configure_logging, resolve_log_format
@@ -176,7 +176,8 @@ async def _serve_http(
 ) -> None:
     """sr's HTTP/1.1 server until `stop` (graceful: in-flight requests finish within
     HTTP_GRACE_S), then end the serve. `task_status.started()` once serving."""
-    server = H1Server(adapter=AsgiAdapter(app), limits=ROUTER_HTTP_LIMITS)
+    crash = error_answer(RequestError("the router failed to answer"))
+    server = H1Server(adapter=AsgiAdapter(app, crash_answer=crash), limits=ROUTER_HTTP_LIMITS)
     async with trio.open_nursery() as nursery:
         await nursery.start(functools.partial(server.serve, listeners, shutdown_trigger=stop.wait))
         task_status.started()

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import trio
 
-from sr.errors import UsageError
+from sr.errors import RequestError, UsageError
 from sr.http import request_id
 from sr.http.limits import HttpLimits
 from sr.http.private_folder import ensure_private_folder
-from sr.http.server import H1Server, open_listeners
+from sr.http.server import H1Server, error_answer, open_listeners
 from sr.worker.auth import WorkerKeyCheck, unauthorized
 from sr.worker.service import WorkerService
 
@@ -107,6 +107,7 @@ async def serve_worker(
         handler_for(service, api_key),
         WORKER_HTTP_LIMITS,
         after_answer=answer_then_exit(service),
+        crash_answer=error_answer(RequestError("the worker failed to answer")),
     )
     listeners, binds = await open_listeners(uds=uds, host=host, port=port)
     try:

@@ -1,0 +1,276 @@
+"""One connection served under Trio: the loop between a socket and its sans-I/O
+`sr.http.connection.ServerConnection`, for sr.http.server.
+
+Per request cycle it reads bytes into the connection until a request head is complete (an
+idle connection closes after `keep_alive_timeout_s`; a begun head must be complete within
+`head_timeout_s`, else 408), then hands the request to the server's handler (its body read
+by sr.http.body within `max_body_bytes` and `body_timeout_s`) or to its adapter, writes
+the answer the connection frames (within `write_timeout_s`, else the caller is dropped),
+and starts the next cycle if the connection's state allows. Refusals (400, 408, 413, 431,
+505) are written with the server's `error_answer`, then the connection lingers briefly and
+closes. A caller that hangs up while the handler runs is noticed by the server's
+sr.http.hang_up poller: the handler is cancelled and nothing is answered (PeerGone).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+from urllib.parse import unquote_to_bytes
+
+import trio
+
+from sr.errors import HeadReadTimeout, InvalidRequest, RequestError
+from sr.http import sockio
+from sr.http.body import read_body
+from sr.http.connection import END, NEED_DATA, ServerConnection
+from sr.http.parse import RequestHead
+from sr.http.wire import InvalidAnswer
+
+if TYPE_CHECKING:
+    from sr.http.server import H1Server
+
+Response = tuple[int, list[tuple[bytes, bytes]], bytes]
+# (method, path, body, the request's headers: lower-case names, in arrival order)
+Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Response]]
+
+_log = logging.getLogger("sr.http")
+READ_CHUNK = 65536
+_JSON = (b"content-type", b"application/json")
+# After an early answer (413, 408) the caller may still be sending; reading (and dropping)
+# for a short while lets it see the answer instead of a reset connection.
+_LINGER_S = 1.0
+_ANSWERED_AT_ONCE = frozenset({"GET", "HEAD"})
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
+
+
+def error_answer(error: RequestError) -> Response:
+    """sr's one error shape (sr.errors), for the router and the workers alike."""
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    return error.status, [_JSON, *extra], error.body()
+
+
+class PeerGone(Exception):
+    """The caller closed or reset the connection; nobody is left to answer."""
+
+
+class Connection:
+    """The Trio side of one connection: reads bytes into its `ServerConnection`
+    (sr.http.connection, where the protocol state lives), acts on the events, writes what
+    it returns, and keeps the time limits. Adapters use `http` (the request, its events),
+    `stream`, `hang_ups`, `stopping` and the methods below; nothing else."""
+
+    def __init__(self, server: H1Server, stream: trio.abc.Stream) -> None:
+        self._server = server
+        self.limits = server.limits
+        self.stream = stream
+        self.hang_ups = server.hang_ups
+        self.http = ServerConnection(self.limits.max_header_bytes)
+        self._idle_scope: trio.CancelScope | None = None
+        self._hang_up_scope = trio.CancelScope()  # Connection.serve's, for its whole life
+        # Since when it has waited for a next request with no byte of it yet; None while
+        # a request is read or served. The connection cap closes the longest idle first.
+        self.idle_since: float | None = None
+        self._waited = False  # reading this request cycle had to wait for the caller
+
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down: answers close their connections."""
+        return self._server.stopping
+
+    def stop_if_idle(self) -> None:
+        """Shutdown, or room needed at the connection cap: a connection waiting for its
+        next request, with no byte of it yet, closes now."""
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def serve(self) -> None:
+        # One scope for the connection's life, which the hang-up poller cancels when the
+        # caller hangs up while the handler runs (_call_handler): the connection is over
+        # then anyway, and a scope per request cost the worker 10-30 us (bench/narrative.md).
+        with trio.CancelScope() as self._hang_up_scope:
+            await self._serve_requests()
+        if self._hang_up_scope.cancelled_caught:
+            raise PeerGone()
+
+    async def _serve_requests(self) -> None:
+        server = self._server
+        http = self.http
+        while not server.stopping:
+            request = await self._next_request()
+            if request is None:
+                return
+            keep_alive = await self._answer(request)
+            if server.after_answer is not None:
+                server.after_answer()
+            if not (keep_alive and http.keep_alive):
+                return
+            if not self._waited:
+                # The request was already buffered (pipelined): sr.http.sockio's reads and
+                # writes are no checkpoints, so let other connections run before the next.
+                await trio.lowlevel.checkpoint()
+            http.start_next_cycle()
+            self._waited = False
+
+    async def _next_request(self) -> RequestHead | None:
+        """The next request head; None when the connection should just close (caller gone,
+        idle too long, shutting down). Malformed, oversized and too slow heads are answered
+        here (400/505, 431, 408)."""
+        http = self.http
+        now = trio.current_time()
+        waiting = trio.CancelScope(deadline=now + self.limits.keep_alive_timeout_s)
+        self._idle_scope = waiting
+        self.idle_since = now
+        event = None
+        try:
+            with waiting:
+                while (event := http.next_event()) is NEED_DATA:
+                    if self._idle_scope is not None and http.head_begun():
+                        # A head's first byte is here: no longer idle, and the rest of
+                        # the head must follow within the head timeout.
+                        self._idle_scope = self.idle_since = None
+                        waiting.deadline = trio.current_time() + self.limits.head_timeout_s
+                    await self.receive_more()
+        except RequestError as error:  # malformed (400, 505) or too large (431)
+            await self.refuse(error)
+            return None
+        finally:
+            self._idle_scope = self.idle_since = None
+        if waiting.cancelled_caught and http.head_begun():
+            timeout = self.limits.head_timeout_s
+            await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
+            return None
+        if not isinstance(event, RequestHead):
+            return None  # idle timeout, shutdown, room at the cap, or the caller closed
+        return event
+
+    async def _answer(self, request: RequestHead) -> bool:
+        """Read the body, call the handler (or the adapter), write the answer. False if the
+        adapter wants the connection closed (whatever the protocol state allows)."""
+        try:
+            method = request.method.decode("ascii")
+            path = unquote_to_bytes(request.raw_path).decode("utf-8")
+        except UnicodeDecodeError:
+            await self.refuse(InvalidRequest("request target is not valid UTF-8"))
+            return False
+        server = self._server
+        if server.adapter is not None:
+            return await server.adapter.answer(self, request, method, path)
+        try:
+            if request.body_length == 0 and self.http.next_event() is END:
+                body = b""  # llhttp ends a bodiless request with its head: no read, no timer
+            else:
+                body = await read_body(
+                    self._next_body_chunk, request.body_length,
+                    self.limits.max_body_bytes, self.limits.body_timeout_s,
+                )  # fmt: skip
+        except RequestError as error:  # malformed, too large, too slow
+            await self.refuse(error)
+            return False
+        # The caller may hang up (or half-close) while the handler runs: the server's
+        # poller then cancels the connection's scope, the handler is cancelled, and the
+        # connection ends without an answer, as the router's front end cancels a dispatch.
+        # The worker's GET routes (health, card, metrics) answer without waiting, so there
+        # is nothing to cancel: not watching them saves /health, the pool's most frequent
+        # request, about 10 us (bench/narrative.md).
+        watched = type(self.stream) is trio.SocketStream and method not in _ANSWERED_AT_ONCE
+        if watched:
+            self.hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)
+        try:
+            status, headers, payload = await server.handler(method, path, body, request.headers)
+        except Exception:
+            _log.exception("handler failed on %s %s", method, path)
+            status, headers, payload = server.crash_answer
+        finally:
+            if watched:
+                self.hang_ups.unwatch(self)
+        if watched and self._hang_up_scope.cancel_called:
+            # A handler that returned before it noticed is not answered either: sr.http.sockio's
+            # writes are no cancel points.
+            raise PeerGone()
+        try:
+            await self.send_answer(status, headers, payload)
+        except InvalidAnswer:
+            _log.exception("handler gave an answer that cannot be written on %s %s", method, path)
+            await self.send_answer(*server.crash_answer)
+        return True
+
+    async def _next_body_chunk(self) -> tuple[bytes, bool]:
+        """sr.http.body's source for the handler path: the parser's body events."""
+        http = self.http
+        while True:
+            event = http.next_event()
+            if type(event) is bytes:
+                return event, True
+            if event is END:
+                return b"", False
+            if event is not NEED_DATA:  # closed before the body was complete
+                raise PeerGone()
+            await self.send_continue_if_awaited()  # about to wait for the body
+            await self.receive_more()
+
+    async def receive_more(self) -> None:
+        """One read from the caller into the connection; PeerGone once it has closed."""
+        if self.http.caller_closed:
+            raise PeerGone()
+        data, waited = await sockio.receive_some_noting_wait(self.stream, READ_CHUNK)
+        self._waited = self._waited or waited
+        self.http.receive_data(data)
+
+    async def refuse(self, error: RequestError) -> None:
+        """Answer a request that cannot be served (if the caller is still there and nothing
+        was answered yet), then the connection closes."""
+        if self.http.caller_closed:
+            raise PeerGone()
+        if not self.http.answered:
+            await self._write(self.http.refusal(*self._server.error_answer(error)))
+            await self.linger()
+
+    async def send_continue_if_awaited(self) -> None:
+        """`100 Continue` before waiting for a body the caller holds back for it."""
+        data = self.http.continue_bytes()
+        if data is not None:
+            await self._write(data)
+
+    async def send_answer(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        length: int | None = None,
+    ) -> None:
+        """Write the answer to the current request, whole (sr.http.connection frames it);
+        it closes the connection while the server shuts down. InvalidAnswer, with nothing
+        written, if the head cannot be written as given."""
+        data = self.http.answer(status, headers, body, length=length, close=self.stopping)
+        await self._write(data)
+
+    async def _write(self, data: bytes) -> None:
+        """All of `data` within the write timeout; BrokenResourceError (the connection is
+        dropped) for a caller that does not read."""
+        timeout = self.limits.write_timeout_s
+        try:
+            await sockio.send_all(self.stream, data, timeout)
+        except sockio.SendTimeout:
+            if isinstance(self.stream, trio.SocketStream):
+                # Close with a reset: a plain close would leave the unsent answer in the
+                # kernel, retried for minutes towards a caller that reads nothing.
+                sock = self.stream.socket
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            raise trio.BrokenResourceError(
+                f"the caller did not read its answer within {timeout:g}s"
+            ) from None
+
+    async def linger(self) -> None:
+        """After an early answer: stop writing, then drop what the caller still sends for a
+        moment, so that closing does not reset the connection under its unread answer."""
+        with trio.move_on_after(_LINGER_S):
+            try:
+                await self.stream.send_eof()
+                while await self.stream.receive_some(READ_CHUNK):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
