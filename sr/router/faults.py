@@ -32,7 +32,9 @@ from sr.errors import (
     WorkerFailed,
 )
 from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
-from sr.worker.faults import MAX_SLOW_MS, MODES
+from sr.http.jsonbody import parse_json_object
+from sr.worker.faults import fault_of
+from sr.worker.validation import check_fields
 
 FAULTS_PATH = "/api/v1/faults"
 ENV_FLAG = "SR_FAULT_INJECTION"
@@ -59,32 +61,16 @@ class FaultRequest:
 
 def parse_fault_request(raw: bytes) -> FaultRequest:
     """The validated request; InvalidRequest naming the offending field."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidRequest("body: not valid UTF-8") from None
-    except (ValueError, RecursionError):  # bad JSON, a number over 4300 digits, deep nesting
-        raise InvalidRequest("body: not valid JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body: expected a JSON object")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise InvalidRequest(f"{unknown[0]}: unknown field; allowed: {', '.join(sorted(_FIELDS))}")
-    for name in ("deployment", "replica", "mode"):
-        if name not in body:
-            raise InvalidRequest(f"{name}: required field is missing")
-    deployment, replica, mode = body["deployment"], body["replica"], body["mode"]
-    slow_ms = body.get("slow_ms", 0)
+    body = parse_json_object(raw)
+    check_fields(body, allowed=_FIELDS, required=("deployment", "replica", "mode"))
+    deployment, replica = body["deployment"], body["replica"]
     if not isinstance(deployment, str) or not deployment:
         raise InvalidRequest("deployment: expected a non-empty string")
     if isinstance(replica, bool) or not isinstance(replica, str | int):
         raise InvalidRequest("replica: expected a replica id (string) or index (integer)")
     if isinstance(replica, int) and replica < 0:
         raise InvalidRequest("replica: an index must be >= 0")
-    if mode not in MODES:
-        raise InvalidRequest(f"mode: expected one of {', '.join(MODES)}")
-    if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or not 0 <= slow_ms <= MAX_SLOW_MS:
-        raise InvalidRequest(f"slow_ms: expected an integer from 0 to {MAX_SLOW_MS}")
+    mode, slow_ms = fault_of(body)
     return FaultRequest(deployment, replica, mode, slow_ms)
 
 
