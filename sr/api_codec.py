@@ -30,6 +30,7 @@ from sr.api import (
     RerankResult,
     Usage,
 )
+from sr.error_answer import read_error_answer
 from sr.errors import (
     DeadlineExceeded,
     ForwardFailed,
@@ -307,7 +308,8 @@ _WORKER_ERRORS: dict[tuple[int, str], type[RequestError]] = {
 
 def error_from_answer(status: int, headers: Mapping[str, str], body: bytes) -> RequestError:
     """The sr.errors instance for a worker's error answer (status >= 400)."""
-    code, message, param = _error_fields(body)
+    answer = read_error_answer(body)
+    code, message, param = answer.code, answer.message, answer.param
     cls = _WORKER_ERRORS.get((status, code or ""))
     if cls is Overloaded:
         return Overloaded(message, retry_after_s=_retry_after_s(headers))
@@ -318,20 +320,6 @@ def error_from_answer(status: int, headers: Mapping[str, str], body: bytes) -> R
     error.status = status
     error.code = code or f"http_{status}"
     return error
-
-
-def _error_fields(body: bytes) -> tuple[str | None, str, str | None]:
-    """(code, message, param) of an OpenAI-shaped error body; else the raw text."""
-    try:
-        error = json.loads(body)["error"]
-        code, message, param = error.get("code"), error["message"], error.get("param")
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None, body[:200].decode("utf-8", "replace"), None
-    return (
-        code if isinstance(code, str) else None,
-        str(message),
-        param if isinstance(param, str) else None,
-    )
 
 
 def _retry_after_s(headers: Mapping[str, str]) -> int:

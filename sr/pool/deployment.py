@@ -8,13 +8,13 @@ happens, the reservation is released exactly once, after the response body was r
 
 from __future__ import annotations
 
-import json
 import math
 
 import attrs
 import trio
 
 from sr.config.schema import Deployment
+from sr.error_answer import read_error_answer
 from sr.errors import DeadlineExceeded, Overloaded, Unavailable, WorkerFailed
 from sr.pool.discovery import DiscoveryGroup
 from sr.pool.outcome import Outcome, outcome_of_status
@@ -155,9 +155,8 @@ class DeploymentPool:
                     group.replica_failed(rec.id)  # a discovered fleet may have moved
                 self._poke.set()
         if outcome is Outcome.FAILED:
-            raise WorkerFailed(
-                f"replica {rec.id} of {self.name!r} answered {status}: {_message(payload)}"
-            )
+            reason = read_error_answer(payload).message
+            raise WorkerFailed(f"replica {rec.id} of {self.name!r} answered {status}: {reason}")
         return Reply(status, headers, payload, rec.id)
 
     async def _timers(self) -> None:
@@ -208,10 +207,3 @@ class DeploymentPool:
             is_terminal(r.record.lifecycle, attached=r.record.attached)
             for r in self.runners.values()
         )
-
-
-def _message(payload: bytes) -> str:
-    try:
-        return str(json.loads(payload)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return payload[:200].decode("utf-8", "replace") or "(empty body)"

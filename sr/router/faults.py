@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from sr.error_answer import read_error_answer
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -154,9 +155,7 @@ def _answer(replica_id: str, pid: int | None, status: int, payload: bytes) -> di
         parsed = None
     if status == 200 and isinstance(parsed, dict):
         return {"replica": replica_id, "pid": pid, "fault": parsed}
-    message = payload[:200].decode("utf-8", "replace")
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        message = str(parsed["error"].get("message", message))
+    message = read_error_answer(payload).message
     if status == 404:
         raise Unavailable(
             f"replica {replica_id}: its worker does not serve {WORKER_FAULTS_PATH} "

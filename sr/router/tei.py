@@ -45,6 +45,7 @@ from urllib.parse import parse_qs
 
 import attrs
 
+from sr.error_answer import read_error_answer
 from sr.errors import InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
@@ -340,11 +341,8 @@ def error_reply(error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], by
 
 def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:
     """A worker's non-2xx native answer in TEI's shape, its field renamed to TEI's."""
-    try:
-        details = json.loads(payload)["error"]
-        code, message = str(details["code"]), str(details["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "worker_failed", payload[:200].decode("utf-8", "replace")
+    details = read_error_answer(payload)
+    code, message = details.code or "worker_failed", details.message
     renames = _TEI_FIELD.get(request.route, {})
     message = _LEADING_FIELD.sub(lambda m: renames.get(m.group(1), m.group(1)), message, count=1)
     tei_status, error_type = _status_and_type(code, status)
