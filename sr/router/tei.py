@@ -50,6 +50,7 @@ from sr.errors import InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
+from sr.router.rewrite import with_model
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
@@ -114,6 +115,9 @@ class TeiFront:
 
     def parse(self, raw: bytes) -> TeiRequest:
         return parse_request(self.route, raw)
+
+    def forward(self, request: TeiRequest, raw: bytes, artifact: str) -> bytes:
+        return with_model(request.body, artifact)  # a body the router built: dumped once
 
     def answer(self, request: TeiRequest, payload: bytes, artifact: str) -> bytes:
         return tei_answer(request, payload)
