@@ -16,8 +16,8 @@ The rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeGuard
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeGuard, TypeVar
 
 from sr.api import (
     Classification,
@@ -30,6 +30,7 @@ from sr.api import (
     RerankResult,
     Usage,
 )
+from sr.error_answer import read_error_answer
 from sr.errors import (
     DeadlineExceeded,
     ForwardFailed,
@@ -45,6 +46,8 @@ from sr.errors import (
     WorkerFailed,
 )
 from sr.http.jsonbody import dump_json, json_kind
+
+T = TypeVar("T")
 
 # -- request bodies -----------------------------------------------------------------
 
@@ -119,20 +122,13 @@ def _with_truncate(body: dict[str, Any], truncate: bool | None) -> dict[str, Any
 
 def parse_embeddings(answer: bytes, deployment: str, *, count: int) -> Embeddings:
     reader = _Reader(answer)
-    rows = reader.array(reader.root, "data")
-    vectors: list[tuple[float, ...] | None] = [None] * count
-    if len(rows) != count:
-        raise reader.malformed(f"data: {len(rows)} embeddings for {count} inputs")
-    for position, row in enumerate(rows):
-        where = f"data[{position}]"
-        item = reader.obj(row, where)
-        index = reader.index(item, f"{where}.index", count)
+
+    def vector(item: dict[str, Any], index: int, where: str) -> tuple[float, ...]:
         values = reader.array(item, "embedding", where=f"{where}.")
-        vectors[index] = tuple(reader.number(v, f"{where}.embedding") for v in values)
-    if any(vector is None for vector in vectors):
-        raise reader.malformed("data: an index appears twice")
+        return tuple(reader.number(v, f"{where}.embedding") for v in values)
+
     return Embeddings(
-        vectors=tuple(v for v in vectors if v is not None),
+        vectors=tuple(reader.rows_by_index("data", count, "embeddings", vector)),
         model=reader.text(reader.root, "model"),
         deployment=deployment,
         usage=reader.usage(),
@@ -141,23 +137,16 @@ def parse_embeddings(answer: bytes, deployment: str, *, count: int) -> Embedding
 
 def parse_classifications(answer: bytes, deployment: str, *, count: int) -> Classifications:
     reader = _Reader(answer)
-    rows = reader.array(reader.root, "results")
-    if len(rows) != count:
-        raise reader.malformed(f"results: {len(rows)} results for {count} inputs")
-    results: list[Classification | None] = [None] * count
-    for position, row in enumerate(rows):
-        where = f"results[{position}]"
-        item = reader.obj(row, where)
-        index = reader.index(item, f"{where}.index", count)
-        results[index] = Classification(
+
+    def classification(item: dict[str, Any], index: int, where: str) -> Classification:
+        return Classification(
             index=index,
             label=reader.text(item, "label", where=f"{where}."),
             probabilities=reader.probabilities(item, where),
         )
-    if any(result is None for result in results):
-        raise reader.malformed("results: an index appears twice")
+
     return Classifications(
-        results=tuple(r for r in results if r is not None),
+        results=tuple(reader.rows_by_index("results", count, "results", classification)),
         model=reader.text(reader.root, "model"),
         deployment=deployment,
         usage=reader.usage(),
@@ -252,6 +241,25 @@ class _Reader:
             raise self.malformed(f"{where}: {index} is outside [0, {count})")
         return index
 
+    def rows_by_index(
+        self, key: str, count: int, noun: str, read: Callable[[dict[str, Any], int, str], T]
+    ) -> list[T]:
+        """The array `key` of one row per input, each read by `read(item, index, where)` and
+        put at its `index`: as many rows as inputs, every index once."""
+        rows = self.array(self.root, key)
+        if len(rows) != count:
+            raise self.malformed(f"{key}: {len(rows)} {noun} for {count} inputs")
+        placed: list[T | None] = [None] * count
+        for position, row in enumerate(rows):
+            where = f"{key}[{position}]"
+            item = self.obj(row, where)
+            index = self.index(item, f"{where}.index", count)
+            placed[index] = read(item, index, where)
+        done = [row for row in placed if row is not None]
+        if len(done) != count:
+            raise self.malformed(f"{key}: an index appears twice")
+        return done
+
     def probabilities(self, item: dict[str, Any], where: str) -> dict[str, float]:
         raw = self.obj(item.get("probabilities"), f"{where}.probabilities")
         return {k: self.number(p, f"{where}.probabilities.{k}") for k, p in raw.items()}
@@ -307,7 +315,8 @@ _WORKER_ERRORS: dict[tuple[int, str], type[RequestError]] = {
 
 def error_from_answer(status: int, headers: Mapping[str, str], body: bytes) -> RequestError:
     """The sr.errors instance for a worker's error answer (status >= 400)."""
-    code, message, param = _error_fields(body)
+    answer = read_error_answer(body)
+    code, message, param = answer.code, answer.message, answer.param
     cls = _WORKER_ERRORS.get((status, code or ""))
     if cls is Overloaded:
         return Overloaded(message, retry_after_s=_retry_after_s(headers))
@@ -318,20 +327,6 @@ def error_from_answer(status: int, headers: Mapping[str, str], body: bytes) -> R
     error.status = status
     error.code = code or f"http_{status}"
     return error
-
-
-def _error_fields(body: bytes) -> tuple[str | None, str, str | None]:
-    """(code, message, param) of an OpenAI-shaped error body; else the raw text."""
-    try:
-        error = json.loads(body)["error"]
-        code, message, param = error.get("code"), error["message"], error.get("param")
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None, body[:200].decode("utf-8", "replace"), None
-    return (
-        code if isinstance(code, str) else None,
-        str(message),
-        param if isinstance(param, str) else None,
-    )
 
 
 def _retry_after_s(headers: Mapping[str, str]) -> int:

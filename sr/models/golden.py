@@ -69,9 +69,6 @@ class GoldenResult:
     def passed(self) -> bool:
         return self.status == "passed"
 
-    def to_dict(self) -> dict:
-        return attrs.asdict(self)
-
 
 def golden_token_ids(model) -> list[list[int]]:
     limit = model.max_position_embeddings

@@ -8,13 +8,13 @@ happens, the reservation is released exactly once, after the response body was r
 
 from __future__ import annotations
 
-import json
 import math
 
 import attrs
 import trio
 
 from sr.config.schema import Deployment
+from sr.error_answer import read_error_answer
 from sr.errors import DeadlineExceeded, Overloaded, TransportError, Unavailable, WorkerFailed
 from sr.pool.discovery import DiscoveryGroup
 from sr.pool.outcome import Outcome, no_answer, outcome_of_status, outcome_of_transport_error
@@ -148,9 +148,8 @@ class DeploymentPool:
                     group.replica_failed(rec.id)  # a discovered fleet may have moved
                 self._poke.set()
         if outcome is Outcome.FAILED:
-            raise WorkerFailed(
-                f"replica {rec.id} of {self.name!r} answered {status}: {_message(payload)}"
-            )
+            reason = read_error_answer(payload).message
+            raise WorkerFailed(f"replica {rec.id} of {self.name!r} answered {status}: {reason}")
         return Reply(status, headers, payload, rec.id)
 
     async def _timers(self) -> None:
@@ -204,10 +203,3 @@ _SERVING = frozenset({ReplicaState.READY, ReplicaState.BACKOFF})
 _ON_ITS_WAY = frozenset(
     {ReplicaState.STARTING, ReplicaState.LOADING, ReplicaState.WARMING, ReplicaState.RESTARTING}
 )
-
-
-def _message(payload: bytes) -> str:
-    try:
-        return str(json.loads(payload)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return payload[:200].decode("utf-8", "replace") or "(empty body)"

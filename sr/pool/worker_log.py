@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from sr.events import LINE_ATTR, WORKER_ATTR
+from sr.router.logs import plain_line
 
 # A line longer than this is relayed in pieces instead of buffering without bound.
 MAX_LINE_BYTES = 65536
@@ -66,13 +67,7 @@ class WorkerLogRelay:
             return
         line = _json_line(text)
         if line is None:
-            line = {
-                "ts": round(time.time(), 3),
-                "event": "log",
-                "level": "warning",
-                "logger": "sr.worker.stderr",
-                "message": text,
-            }
+            line = plain_line(time.time(), "warning", "sr.worker.stderr", text)
         for key, value in self._stamp.items():
             line.setdefault(key, value)
         self.last_message = message_of(line)[:MAX_REASON_CHARS]

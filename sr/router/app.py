@@ -1,8 +1,10 @@
 """The router's HTTP front end: one plain ASGI callable (SPEC section 8).
 
 Native routes parse the JSON body once, check `model`, pick the deployment, and hand the
-bytes to the pool (`Supervisor.request_raw`) with `model` set to the artifact. The pool's
-typed errors become the wire errors of `sr.errors`; a worker's own 4xx passes through.
+caller's bytes to the pool (`Supervisor.request_raw`) with `model` renamed to the artifact
+in place; the worker's answer comes back as bytes, `model` renamed back (sr.router.rewrite).
+The pool's typed errors become the wire errors of `sr.errors`; a worker's own 4xx passes
+through.
 TEI's routes (sr.router.tei) take the same path through another front (sr.router.front):
 only the body they read and the shapes they answer in differ.
 Everything else here is a small read-only view (health, readiness, inventory, metrics,
@@ -65,7 +67,6 @@ from sr.router.front import Front, NativeFront
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
-from sr.router.rewrite import forward_body
 from sr.worker import timing as worker_timing
 
 NATIVE_ROUTES = frozenset(
@@ -297,7 +298,7 @@ class RouterApp:
                     answer = front.answer(request, cached, artifact)
                     await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
-            forward = forward_body(request.body, artifact)
+            forward = front.forward(request, raw, artifact)
             reply = await self._dispatch(
                 scope, receive, deployment, request.route, forward, timeout_s
             )

@@ -14,11 +14,11 @@ Pure: no I/O and no clock.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from sr.errors import UsageError
+from sr.lru import LruCache
 
 RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
 DEFAULT_RESULT_CACHE_ENTRIES = 4096
@@ -41,42 +41,12 @@ def cache_key(path: str, body: dict[str, Any]) -> str:
     return path + "\n" + json.dumps(content, sort_keys=True, separators=(",", ":"))
 
 
-class LruCache:
-    """A bounded mapping that forgets the least recently used entry first."""
-
-    def __init__(self, max_entries: int):
-        if max_entries < 0:
-            raise ValueError("max_entries must be >= 0")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, bytes] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: str) -> bytes | None:
-        value = self._entries.get(key)
-        if value is not None:
-            self._entries.move_to_end(key)
-        return value
-
-    def put(self, key: str, value: bytes) -> None:
-        if self.max_entries == 0:
-            return
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
 class ResultCache:
     """Per-deployment LRU caches of worker answer bodies, for single-worker deployments."""
 
     def __init__(self, max_entries: int):
         self.max_entries = max_entries
-        self._by_deployment: dict[str, LruCache] = {}
+        self._by_deployment: dict[str, LruCache[str, bytes]] = {}
         self.hits = 0
         self.misses = 0
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
+from sr.error_answer import read_error_answer
 from sr.errors import (
     InvalidRequest,
     MethodNotAllowed,
@@ -29,7 +30,9 @@ from sr.errors import (
     WorkerFailed,
 )
 from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
-from sr.worker.faults import MAX_SLOW_MS, MODES
+from sr.http.jsonbody import parse_json_object
+from sr.worker.faults import fault_of
+from sr.worker.validation import check_fields
 
 if TYPE_CHECKING:
     from sr.pool.supervisor import WorkerAnswer
@@ -59,32 +62,16 @@ class FaultRequest:
 
 def parse_fault_request(raw: bytes) -> FaultRequest:
     """The validated request; InvalidRequest naming the offending field."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidRequest("body: not valid UTF-8") from None
-    except (ValueError, RecursionError):  # bad JSON, a number over 4300 digits, deep nesting
-        raise InvalidRequest("body: not valid JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body: expected a JSON object")
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise InvalidRequest(f"{unknown[0]}: unknown field; allowed: {', '.join(sorted(_FIELDS))}")
-    for name in ("deployment", "replica", "mode"):
-        if name not in body:
-            raise InvalidRequest(f"{name}: required field is missing")
-    deployment, replica, mode = body["deployment"], body["replica"], body["mode"]
-    slow_ms = body.get("slow_ms", 0)
+    body = parse_json_object(raw)
+    check_fields(body, allowed=_FIELDS, required=("deployment", "replica", "mode"))
+    deployment, replica = body["deployment"], body["replica"]
     if not isinstance(deployment, str) or not deployment:
         raise InvalidRequest("deployment: expected a non-empty string")
     if isinstance(replica, bool) or not isinstance(replica, str | int):
         raise InvalidRequest("replica: expected a replica id (string) or index (integer)")
     if isinstance(replica, int) and replica < 0:
         raise InvalidRequest("replica: an index must be >= 0")
-    if mode not in MODES:
-        raise InvalidRequest(f"mode: expected one of {', '.join(MODES)}")
-    if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or not 0 <= slow_ms <= MAX_SLOW_MS:
-        raise InvalidRequest(f"slow_ms: expected an integer from 0 to {MAX_SLOW_MS}")
+    mode, slow_ms = fault_of(body)
     return FaultRequest(deployment, replica, mode, slow_ms)
 
 
@@ -138,9 +125,7 @@ def _answer(replica_id: str, pid: int | None, status: int, payload: bytes) -> di
         parsed = None
     if status == 200 and isinstance(parsed, dict):
         return {"replica": replica_id, "pid": pid, "fault": parsed}
-    message = payload[:200].decode("utf-8", "replace")
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        message = str(parsed["error"].get("message", message))
+    message = read_error_answer(payload).message
     if status == 404:
         raise Unavailable(
             f"replica {replica_id}: its worker does not serve {WORKER_FAULTS_PATH} "

@@ -6,6 +6,7 @@ differs between API families is only at the edges, and a front holds exactly tha
 
 - `parse(raw)`: the body as a routed request: the worker route, the native body, and the
   `model` named (None: the router's only deployment);
+- `forward(request, raw, artifact)`: the bytes the worker gets, naming the artifact;
 - `answer(request, payload, artifact)`: a worker's 2xx answer as this family answers;
 - `worker_error(request, status, payload)`: a worker's non-2xx answer in this family's shape;
 - `error(error)`: the router's own RequestError in this family's shape.
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import attrs
 
 from sr.errors import RequestError
-from sr.router.rewrite import answer_with_public_model, parse_native_body
+from sr.router.rewrite import answer_with_public_model, forward_native, parse_native_body
 
 
 class Routed(Protocol):
@@ -37,6 +38,7 @@ class Front(Protocol):
     def route(self) -> str: ...  # the path the caller used (the metrics label)
 
     def parse(self, raw: bytes) -> Routed: ...
+    def forward(self, request: Any, raw: bytes, artifact: str) -> bytes: ...
     def answer(self, request: Any, payload: bytes, artifact: str) -> bytes: ...
     def worker_error(self, request: Any, status: int, payload: bytes) -> tuple[int, bytes]: ...
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
@@ -51,14 +53,18 @@ class NativeRequest:
 
 @attrs.frozen
 class NativeFront:
-    """The native routes: `model` is required; the answer's `model` is the caller's name;
-    a worker's errors pass through as they are (the shape is already sr's)."""
+    """The native routes: `model` is required; the caller's bytes go to the worker and its
+    answer comes back, each with `model` renamed in place (sr.router.rewrite); a worker's
+    errors pass through as they are (the shape is already sr's)."""
 
     route: str
 
     def parse(self, raw: bytes) -> NativeRequest:
         body, model = parse_native_body(raw)
         return NativeRequest(self.route, body, model)
+
+    def forward(self, request: NativeRequest, raw: bytes, artifact: str) -> bytes:
+        return forward_native(raw, request.body, request.model, artifact)
 
     def answer(self, request: NativeRequest, payload: bytes, artifact: str) -> bytes:
         return answer_with_public_model(payload, artifact, request.model)

@@ -10,6 +10,8 @@ Rules:
   while a request was being answered (sr.http.request_id). A process's context (a worker's
   deployment,
   replica and pid) is merged in right after "event", never over a field of the line.
+* A worker's last words when its parent is gone (sr.worker.parent_watch) go through the
+  same formatter (`format_unlocked`), straight to fd 2 without logging's locks.
 * json: that line as one compact JSON object per line.
 * text: `<UTC time> <LEVEL> <source>: <what happened>`, one line per record. Only a
   traceback (or a message with line breaks of its own) continues on the following lines,
@@ -55,17 +57,22 @@ def resolve_log_format(flag: str | None, env: Mapping[str, str], stream: TextIO)
     return "text" if isatty is not None and isatty() else "json"
 
 
+def plain_line(ts: float, level: str, logger: str, message: str) -> dict[str, Any]:
+    """The line of a plain message (not an event): the one shape every writer uses."""
+    return {
+        "ts": round(ts, 3),
+        "event": "log",
+        "level": level.lower(),
+        "logger": logger,
+        "message": message,
+    }
+
+
 def line_of(record: logging.LogRecord, context: Mapping[str, Any] | None = None) -> dict:
     """The structured line of `record`, with `context` filled in where the line is silent."""
     own = getattr(record, LINE_ATTR, None)
     if own is None:
-        own = {
-            "ts": round(record.created, 3),
-            "event": "log",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        own = plain_line(record.created, record.levelname, record.name, record.getMessage())
         request_id = current_request_id.get()
         if request_id is not None:
             own["request_id"] = request_id
@@ -170,6 +177,10 @@ _EVENT_TEXT: dict[str, Callable[[dict], str]] = {
 }
 
 
+# The formatter `configure_logging` installed last, for `format_unlocked`.
+_configured: logging.Formatter | None = None
+
+
 def configure_logging(
     stream: TextIO | None = None,
     level: int = logging.INFO,
@@ -182,6 +193,7 @@ def configure_logging(
 
     `context` is stamped on every line (a worker's deployment, replica and pid); `worker`
     makes text lines name the worker as their source."""
+    global _configured
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
     logger = logging.getLogger("sr")
@@ -190,11 +202,19 @@ def configure_logging(
             logger.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
     formatter = TextLineFormatter if log_format == "text" else JsonLineFormatter
-    handler.setFormatter(formatter(context, worker=worker))
+    _configured = formatter(context, worker=worker)
+    handler.setFormatter(_configured)
     handler._sr_log = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False
+
+
+def format_unlocked(record: logging.LogRecord) -> str:
+    """`record` as this process's sr handler (`configure_logging`) writes it, JSON when none
+    is configured, without taking any logging lock: for last words written straight to
+    fd 2 by a thread that must not wait on a thread that is stuck (sr.worker.parent_watch)."""
+    return (_configured or JsonLineFormatter()).format(record)
 
 
 class AccessLog:

@@ -45,10 +45,12 @@ from urllib.parse import parse_qs
 
 import attrs
 
+from sr.error_answer import read_error_answer
 from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
+from sr.router.rewrite import with_model
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
@@ -109,6 +111,9 @@ class TeiFront:
 
     def parse(self, raw: bytes) -> TeiRequest:
         return parse_request(self.route, raw)
+
+    def forward(self, request: TeiRequest, raw: bytes, artifact: str) -> bytes:
+        return with_model(request.body, artifact)  # a body the router built: dumped once
 
     def answer(self, request: TeiRequest, payload: bytes, artifact: str) -> bytes:
         return tei_answer(request, payload)
@@ -336,11 +341,8 @@ def error_reply(error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], by
 
 def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:
     """A worker's non-2xx native answer in TEI's shape, its field renamed to TEI's."""
-    try:
-        details = json.loads(payload)["error"]
-        code, message = str(details["code"]), str(details["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "worker_failed", payload[:200].decode("utf-8", "replace")
+    details = read_error_answer(payload)
+    code, message = details.code or "worker_failed", details.message
     renames = _TEI_FIELD.get(request.route, {})
     message = _LEADING_FIELD.sub(lambda m: renames.get(m.group(1), m.group(1)), message, count=1)
     tei_status, error_type = _status_and_type(code, status)

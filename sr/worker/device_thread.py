@@ -32,10 +32,6 @@ class DeviceThread:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
-
     def _loop(self) -> None:
         while True:
             item = self._queue.get()

@@ -26,6 +26,7 @@ import torch
 import trio
 
 from sr.errors import ForwardFailed
+from sr.lru import LruCache
 from sr.worker import timing
 from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
@@ -67,35 +68,6 @@ class _Submission:
         self.forward_s = 0.0
 
 
-class ResultCache:
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._entries: collections.OrderedDict[tuple, list[float]] = collections.OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple) -> list[float] | None:
-        value = self._entries.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return value
-
-    def put(self, key: tuple, value: list[float]) -> None:
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        if len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
 class Engine:
     def __init__(
         self,
@@ -111,7 +83,9 @@ class Engine:
         self.model = model
         self.limits = limits
         self.cross_request = cross_request
-        self.cache = ResultCache(cache_rows) if cross_request and cache_rows > 0 else None
+        self.cache: LruCache[tuple, list[float]] | None = (
+            LruCache(cache_rows) if cross_request and cache_rows > 0 else None
+        )
         self.forwards = 0
         self._device = device
         self._runner = runner

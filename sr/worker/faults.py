@@ -20,6 +20,20 @@ MODES = ("none", "hang", "slow", "fail", "exit")
 MAX_SLOW_MS = 600_000
 
 
+def fault_of(obj: dict[str, Any]) -> tuple[str, int]:
+    """(mode, slow_ms) of a fault body read as an object, or InvalidRequest naming the field.
+
+    The one check of a fault: the worker's `/admin/faults` and the router's
+    `/api/v1/faults` (sr.router.faults, which adds the replica it goes to) both use it."""
+    mode = obj.get("mode")
+    if mode not in MODES:
+        raise InvalidRequest(f"mode: expected one of {', '.join(MODES)}")
+    slow_ms = obj.get("slow_ms", 0)
+    if isinstance(slow_ms, bool) or not isinstance(slow_ms, int) or not 0 <= slow_ms <= MAX_SLOW_MS:
+        raise InvalidRequest(f"slow_ms: expected an integer from 0 to {MAX_SLOW_MS}")
+    return mode, slow_ms
+
+
 class FaultState:
     def __init__(self) -> None:
         self.mode = "none"
@@ -33,16 +47,7 @@ class FaultState:
     def configure(self, body: bytes) -> dict[str, Any]:
         obj = v.parse_object(body)
         v.check_fields(obj, allowed=frozenset({"mode", "slow_ms"}), required=("mode",))
-        mode = obj["mode"]
-        if mode not in MODES:
-            raise InvalidRequest(f"mode: expected one of {', '.join(MODES)}")
-        slow_ms = obj.get("slow_ms", 0)
-        if (
-            isinstance(slow_ms, bool)
-            or not isinstance(slow_ms, int)
-            or not 0 <= slow_ms <= MAX_SLOW_MS
-        ):
-            raise InvalidRequest(f"slow_ms: expected an integer from 0 to {MAX_SLOW_MS}")
+        mode, slow_ms = fault_of(obj)
         if mode == "hang" and self._released.is_set():
             self._released = trio.Event()
         elif mode != "hang":

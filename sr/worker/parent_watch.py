@@ -17,10 +17,11 @@ their start (tried: trio 0.35, Linux, child SIGKILLed at t=10 s).
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import threading
-import time
+
+from sr.router.logs import format_unlocked
 
 PARENT_GONE_EXIT = 3
 
@@ -42,14 +43,11 @@ def _exit_when_closed(fd: int) -> None:
             pass  # nothing is meant to be written; a stray byte is not a death notice
     except OSError as error:
         reason = f"--parent-fd unreadable: {error.strerror or error}"
-    line = {
-        "ts": round(time.time(), 3),
-        "level": "warning",
-        "logger": "sr.worker",
-        "message": f"parent gone ({reason}); exiting",
-    }
+    message = f"parent gone ({reason}); exiting"
+    # A bare LogRecord: getLogger and handlers would take logging's locks.
+    record = logging.LogRecord("sr.worker", logging.WARNING, __file__, 0, message, None, None)
     try:  # straight to fd 2: the logging lock may be held by a thread that is stuck
-        os.write(2, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+        os.write(2, (format_unlocked(record) + "\n").encode())
     except OSError:
         pass  # stderr was the dead parent's pipe
     os._exit(PARENT_GONE_EXIT)

@@ -19,6 +19,7 @@ from sr.router.faults import (
     fault_injection_enabled,
     parse_fault_request,
 )
+from sr.worker.faults import FaultState
 from tests.router.asgi_client import call
 
 
@@ -200,3 +201,23 @@ async def test_stopped_worker_times_out_bounded(autojump_clock):
 def test_parse_rejects_deep_nesting_and_huge_numbers_as_invalid_request(raw):
     with pytest.raises(InvalidRequest):
         parse_fault_request(raw)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"mode": "melt"}, "mode: expected one of none, hang, slow, fail, exit"),
+        ({"mode": ["hang"]}, "mode: expected one of none, hang, slow, fail, exit"),
+        ({"mode": "slow", "slow_ms": -1}, "slow_ms: expected an integer from 0 to 600000"),
+        ({"mode": "slow", "slow_ms": True}, "slow_ms: expected an integer from 0 to 600000"),
+        ({"mode": "slow", "slow_ms": 600_001}, "slow_ms: expected an integer from 0 to 600000"),
+    ],
+)
+def test_router_and_worker_refuse_a_bad_fault_with_the_same_words(fields, message):
+    """One fault check (sr.worker.faults.fault_of) behind both routes."""
+    routed = json.dumps({"deployment": "primary", "replica": 0, **fields}).encode()
+    with pytest.raises(InvalidRequest) as at_router:
+        parse_fault_request(routed)
+    with pytest.raises(InvalidRequest) as at_worker:
+        FaultState().configure(json.dumps(fields).encode())
+    assert at_router.value.message == at_worker.value.message == message

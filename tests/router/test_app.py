@@ -89,6 +89,25 @@ async def test_embeddings_forwards_artifact_and_answers_with_public_name():
     assert json.loads(body) == {"model": "/models/primary", "input": "hi"}
 
 
+async def test_the_callers_bytes_and_the_workers_answer_pass_through_renamed_in_place():
+    """Neither side is parsed and dumped again by the router: white space and key order of
+    the caller's body reach the worker; the worker's bytes reach the caller."""
+    answer_bytes = b'{"object":"list","model":"/models/primary","data":[],"usage":{"n": 1}}'
+
+    async def worker(deployment, path, body, timeout_s):
+        return FakeReply(200, {}, answer_bytes, "primary-0")
+
+    app, core = build(handler=worker)
+    raw = b'{ "input" : ["a"],  "model": "primary" }'
+    answer = await call(app, "POST", "/v1/embeddings", raw)
+    assert core.calls[0][2] == b'{ "input" : ["a"],  "model":"/models/primary" }'
+    assert answer.body == answer_bytes.replace(b"/models/primary", b"primary")
+    named_artifact = b'{"model": "/models/primary", "input": "a"}'
+    answer = await call(app, "POST", "/v1/embeddings", named_artifact)
+    assert core.calls[1][2] == named_artifact
+    assert answer.body == answer_bytes
+
+
 async def test_artifact_name_is_accepted_and_echoed():
     app, _ = build()
     answer = await call(app, "POST", "/v1/classify", {"model": "/models/primary", "input": "x"})

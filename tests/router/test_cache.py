@@ -1,4 +1,4 @@
-"""Result cache: LRU order, keys, 200-only, readiness clears, env parsing."""
+"""Result cache: keys, 200-only, readiness clears, env parsing."""
 
 from __future__ import annotations
 
@@ -7,29 +7,10 @@ import pytest
 from sr.errors import UsageError
 from sr.router.cache import (
     DEFAULT_RESULT_CACHE_ENTRIES,
-    LruCache,
     ResultCache,
     cache_key,
     result_cache_entries_from_env,
 )
-
-
-def test_lru_evicts_least_recently_used():
-    lru = LruCache(2)
-    lru.put("a", b"1")
-    lru.put("b", b"2")
-    assert lru.get("a") == b"1"  # a is now the most recent
-    lru.put("c", b"3")
-    assert lru.get("b") is None
-    assert lru.get("a") == b"1"
-    assert lru.get("c") == b"3"
-    assert len(lru) == 2
-
-
-def test_zero_entries_keeps_nothing():
-    lru = LruCache(0)
-    lru.put("a", b"1")
-    assert lru.get("a") is None
 
 
 def test_key_ignores_model_and_key_order_but_not_route_or_content():

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import threading
 from datetime import UTC, datetime
 
 import attrs
@@ -15,7 +16,8 @@ import trio
 from sr.errors import UsageError
 from sr.events import EventSink
 from sr.pool.views import DeploymentView, Inventory
-from sr.router.logs import AccessLog, configure_logging, resolve_log_format
+from sr.router import logs
+from sr.router.logs import AccessLog, configure_logging, format_unlocked, resolve_log_format
 from sr.router.serve import serve
 from sr.router.startup import ReplicaCount, StartupProgress, replica_counts
 
@@ -40,6 +42,37 @@ def log_to():
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     logger.propagate = True
+    logs._configured = None
+
+
+def test_last_words_take_the_configured_format_without_waiting_on_logging_locks(log_to):
+    """sr.worker.parent_watch writes through format_unlocked while another thread may be
+    stuck holding logging's module lock or the handler's lock."""
+    log_to("text", context={"deployment": "d", "replica": "r0", "pid": 7}, worker=True)
+    (handler,) = logging.getLogger("sr").handlers
+    record = logging.LogRecord("sr.worker", logging.WARNING, __file__, 0, "gone", None, None)
+    held, release, written = threading.Event(), threading.Event(), []
+
+    def hold_locks() -> None:
+        with logging._lock, handler.lock:  # type: ignore[attr-defined]
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_locks)
+    holder.start()
+    try:
+        assert held.wait(5)
+        writer = threading.Thread(target=lambda: written.append(format_unlocked(record)))
+        writer.start()
+        writer.join(5)
+        assert written, "format_unlocked waited on a logging lock"
+    finally:
+        release.set()
+        holder.join(5)
+    match = TEXT_LINE.match(written[0])
+    assert match is not None and match.groups()[1:] == ("WARNING", "worker d/r0[7]", "gone")
+    logs._configured = None  # nothing configured: JSON, as a managed worker's stderr is
+    assert json.loads(format_unlocked(record))["message"] == "gone"
 
 
 def _log_a_bit() -> None:
