@@ -19,6 +19,7 @@ from sr.router.faults import (
     fault_injection_enabled,
     parse_fault_request,
 )
+from sr.settings import Settings
 from sr.worker.faults import FaultState
 from tests.router.asgi_client import call
 
@@ -59,7 +60,13 @@ def core_over(*transports) -> Supervisor:
     """A real Supervisor (its `post_to_worker` finds the replica) over fake replicas; it
     starts nothing, so its nursery is never used."""
     core = Supervisor(
-        SrConfig(), None, events=EventSink(), threads=1, run_dir=Path("."), worker_factory=None
+        SrConfig(),
+        None,
+        events=EventSink(),
+        threads=1,
+        run_dir=Path("."),
+        worker_factory=None,
+        settings=Settings.from_environ({}),
     )
     runners = {f"primary-{i:08x}": FakeRunner(t, 100 + i) for i, t in enumerate(transports)}
     core.pools = {"primary": FakePool(runners)}
