@@ -44,6 +44,8 @@ from pathlib import Path
 
 import trio
 
+from sr.events import EventSink
+
 # Not `from sr.pool.forkserver import ...`: that module is run as `python -m`, and importing
 # it from here (sr.pool's package import) first would make runpy warn and run it twice.
 MAX_MESSAGE = 1 << 20  # sr.pool.forkserver.MAX_MESSAGE
@@ -54,6 +56,7 @@ START_METHODS = ("fork", "spawn")
 DEFAULT_START = "fork"
 SERVER_MODULE = "sr.pool.forkserver"
 SERVER_READY_S = 120.0  # importing torch on a loaded host takes seconds, not minutes
+MODEL_SERVER_READY_S = 600.0  # loading a large model at 1 thread may take minutes
 SERVER_STOP_S = 5.0
 REPLY_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
 
@@ -239,16 +242,16 @@ class ForkServer:
         finally:
             theirs.close()
         self._control = trio.socket.from_stdlib_socket(mine)
-        await self._wait_ready("fork server")
+        await self._wait_ready("fork server", SERVER_READY_S)
 
-    async def _wait_ready(self, what: str) -> dict:
+    async def _wait_ready(self, what: str, timeout_s: float) -> dict:
         """The server's ready message, or ForkServerError (the server closed) saying why."""
         answer: dict = {}
-        with trio.move_on_after(SERVER_READY_S):
+        with trio.move_on_after(timeout_s):
             data = await self._control.recv(MAX_MESSAGE)
             answer = json.loads(data) if data else {"error": "exited before it was ready"}
         if not answer.get("ready"):
-            why = answer.get("error") or f"not ready within {SERVER_READY_S:g}s"
+            why = answer.get("error") or f"not ready within {timeout_s:g}s"
             await self.aclose()
             raise ForkServerError(f"{what} did not start: {why}")
         self.pid = int(answer["pid"])
@@ -273,11 +276,13 @@ class ModelForkServer(ForkServer):
 
     kind = "model_server"
 
-    def __init__(self, base: ForkServer, model_argv: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, base: ForkServer, model_argv: list[str], env: dict[str, str], events: EventSink
+    ) -> None:
         super().__init__(env)
         self.base = base
         self.model_argv = model_argv
-        self.ready: dict = {}  # its ready message: pid, kernel card, load_s
+        self.events = events
         self.failure: str | None = None  # why it could not start; then it is not retried
 
     @property
@@ -298,11 +303,19 @@ class ModelForkServer(ForkServer):
             finally:
                 theirs.close()
             self._control = trio.socket.from_stdlib_socket(mine)
-            self.ready = await self._wait_ready("the model's fork server")
+            ready = await self._wait_ready("the model's fork server", MODEL_SERVER_READY_S)
         except ForkServerError as error:
             mine.close()
             self.failure = str(error)
             raise
+        argv = self.model_argv
+        self.events.emit(
+            "model_server_ready",
+            pid=self.pid,
+            artifact=argv[argv.index("--artifact") + 1],
+            kernel=ready.get("kernel"),
+            load_s=ready.get("load_s"),
+        )
 
 
 def model_key(argv: list[str]) -> tuple[str, ...]:
@@ -332,13 +345,21 @@ async def lease_fork_server(run_dir: Path, env: dict[str, str]) -> AsyncIterator
 
 @asynccontextmanager
 async def lease_model_server(
-    run_dir: Path, base: ForkServer, worker_argv: list[str], env: dict[str, str]
+    run_dir: Path,
+    base: ForkServer,
+    worker_argv: list[str],
+    env: dict[str, str],
+    events: EventSink,
 ) -> AsyncIterator[ModelForkServer]:
     """The fork server for the model `worker_argv` serves, shared by the replicas of that
     model in this run folder; closed when its last lease is returned. Hold `base`'s lease
-    around it."""
+    around it. `events` hears when it is ready."""
     key = model_key(worker_argv)
-    async with _lease((run_dir, key), lambda: ModelForkServer(base, list(key), env)) as server:
+
+    def new_server() -> ModelForkServer:
+        return ModelForkServer(base, list(key), env, events)
+
+    async with _lease((run_dir, key), new_server) as server:
         yield server
 
 

@@ -66,6 +66,7 @@ PRELOAD = (
     "sr.models.mpnet",
     "sr.models.modernbert",
     "sr.models.qwen3",
+    "sr.pool.model_server",  # what a model's fork server runs (see `_model_server`)
 )
 MAX_MESSAGE = 1 << 20  # also in sr.pool.forked
 FDS_PER_REQUEST = 3  # reply socket, stderr write end, parent-fd read end

@@ -220,11 +220,12 @@ class ReplicaRunner:
             await self._restart_loop([])
             return
         model_argv = worker_argv(self.deployment, "cpu", self.threads, "")
+        events = self.policy.events
         async with (
             lease_fork_server(self.run_dir, worker_env()) as server,
-            lease_model_server(self.run_dir, server, model_argv, worker_env()) as model_server,
+            lease_model_server(self.run_dir, server, model_argv, worker_env(), events) as model,
         ):
-            await self._restart_loop([model_server, server])
+            await self._restart_loop([model, server])
 
     async def _restart_loop(self, servers: list[ForkServer]) -> None:
         while True:
