@@ -311,7 +311,7 @@ class ModelForkServer(ForkServer):
         argv = self.model_argv
         self.events.emit(
             "model_server_ready",
-            pid=self.pid,
+            server_pid=self.pid,
             artifact=argv[argv.index("--artifact") + 1],
             kernel=ready.get("kernel"),
             load_s=ready.get("load_s"),

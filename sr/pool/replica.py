@@ -219,7 +219,9 @@ class ReplicaRunner:
         if method == "spawn":
             await self._restart_loop([])
             return
-        model_argv = worker_argv(self.deployment, "cpu", self.threads, "")
+        # a worker argv of this replica; its model's server is keyed by what decides the model
+        names = (rec.deployment, rec.id)
+        model_argv = worker_argv(self.deployment, "cpu", self.threads, "", names=names)
         events = self.policy.events
         async with (
             lease_fork_server(self.run_dir, worker_env()) as server,

@@ -102,7 +102,7 @@ async def test_replicas_come_from_their_models_server_and_answer_as_a_spawned_wo
     assert wait_gone([*workers, server, base], 10) == []
     assert sink.named("model_server_unavailable") == sink.named("fork_server_unavailable") == []
     [ready] = sink.named("model_server_ready")  # one server for both replicas and the restart
-    assert ready["pid"] == server and ready["artifact"] == str(tiny_model_dir)
+    assert ready["server_pid"] == server and ready["artifact"] == str(tiny_model_dir)
     assert ready["kernel"]["linear"] == "onednn" and ready["load_s"] > 0
 
 
