@@ -44,10 +44,10 @@ def preload(argv: list[str]) -> dict:
     """Load the model `argv` (`python -m sr worker ...`) serves and offer it to the workers
     this process forks; returns what the ready message tells the router."""
     started = time.perf_counter()
-    # The server listens nowhere; the worker's parser wants an address, and --parent-fd
-    # names the router's pipe in the worker only.
-    args = _without(argv[4:], "--parent-fd", "--uds", "--port", "--host")
-    options = parse_command([*args, "--uds", "unused"]).options
+    # The router sends the argv less what differs between replicas (sr.pool.forked.model_key:
+    # no socket, no pipe); the server listens nowhere, but the worker's parser wants an
+    # address.
+    options = parse_command([*argv[4:], "--uds", "unused"]).options
     if options.device != "cpu":
         raise ValueError(f"only CPU workers are forked, not {options.device}")
     precision = resolve_precision(
@@ -95,17 +95,3 @@ def _probe_in_child(device: torch.device, dtype: torch.dtype, threads: int) -> l
         code = os.waitstatus_to_exitcode(status)
         raise RuntimeError(f"the kernel probe's child exited {code} without a choice")
     return linear.KernelChoice(**json.loads(data))
-
-
-def _without(args: list[str], *flags: str) -> list[str]:
-    """`args` less each of `flags` and its value."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in flags:
-            skip = True
-        else:
-            out.append(arg)
-    return out
