@@ -28,10 +28,16 @@ libraries, anonymous memory), and, from loading the same model in a child proces
 model's tensor bytes whose storage lies in the file mapping against those in anonymous
 memory (private to each process), with the largest private tensors named.
 
-Workers started through the fork server (sr.pool.forked; `--starts` measures this
+Workers started through a fork server (sr.pool.forked; `--starts` measures this
 checkout with each `SR_WORKER_START` given, in turns) are children of that server, not of
-the router: the server is counted with them (its pages are what they share; its own
-private pages are the price of sharing), and its PSS is shown apart.
+the router: the servers between them and the router (the router's fork server, and the
+model's that loaded the weights before forking, where there is one) are counted with them
+(their pages are what the workers share; their own private pages are the price of
+sharing), and their PSS is shown apart.
+
+Restart: once memory is read, one worker is killed (SIGKILL) and the time from its
+successor's start (its pid appearing in the inventory, after the restart backoff) to its
+replica being ready again is its ready time.
 
 `--allocator` compares the worker's malloc settings (sr.worker.allocator) with glibc's
 defaults: a fresh process per side and round, sides alternating (default first in odd
@@ -55,6 +61,7 @@ import argparse
 import array
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -212,6 +219,39 @@ def parent_pid(pid: int) -> int:
     return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
+def servers_between(pids: list[int], router: int) -> list[int]:
+    """The processes between the workers and the router: fork servers."""
+    found: set[int] = set()
+    for pid in pids:
+        parent = parent_pid(pid)
+        while parent not in (router, 0, 1) and parent not in found:
+            found.add(parent)
+            parent = parent_pid(parent)
+    return sorted(found)
+
+
+def restart_ready_s(serve: ServeProcess, timeout_s: float = 240.0) -> float:
+    """SIGKILL the first replica's worker; seconds from its successor's start to ready."""
+    import httpx
+
+    def first_row() -> dict:
+        url = serve.url + "/api/v1/inventory/model-runtime"
+        return httpx.get(url, timeout=5).json()["deployments"]["primary"]["replicas"][0]
+
+    victim = first_row()["pid"]
+    os.kill(victim, signal.SIGKILL)
+    started = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = first_row()
+        if row["pid"] not in (None, victim):
+            started = started or time.monotonic()
+            if row["state"] == "ready":
+                return round(time.monotonic() - started, 2)
+        time.sleep(0.05)
+    raise SystemExit(f"sr serve: a killed worker's replica not ready in {timeout_s:.0f} s")
+
+
 def measure(
     tree: Path,
     artifact: str,
@@ -246,11 +286,11 @@ def measure(
                     }
                     for pid in pids
                 ]
-                # a fork server: the workers' parent when it is not the router
-                helpers = sorted({parent_pid(pid) for pid in pids} - {serve.proc.pid})
+                helpers = servers_between(pids, serve.proc.pid)
                 together = footprint(pids + helpers)
                 helpers_pss = sum(smaps_rollup(pid)["Pss"] for pid in helpers)
                 router = smaps_rollup(serve.proc.pid)
+                restart_s = restart_ready_s(serve)
             finally:
                 serve.stop()
     finally:
@@ -269,6 +309,7 @@ def measure(
         ),
         "fork_server_pss_mib": round(helpers_pss / 1024, 1),
         "router_pss_mib": round(router["Pss"] / 1024, 1),
+        "restart_ready_s": restart_s,
     }
 
 
@@ -422,6 +463,7 @@ def _mean_of(runs: list[dict]) -> dict:
         "workers_pss_mib": mean(r["workers_pss_mib"] for r in runs),
         "fork_server_pss_mib": mean(r.get("fork_server_pss_mib", 0.0) for r in runs),
         "workers_busy_pss_mib": mean(r.get("workers_busy_pss_mib", 0.0) for r in runs),
+        "restart_ready_s": mean(r["restart_ready_s"] for r in runs),
         "by_kind_mib": {
             kind: {
                 field: mean(r["footprint"][key].get(kind, 0.0) for r in runs)
@@ -462,18 +504,19 @@ def report(results: list[dict]) -> None:
     ]
     print("\nThe workers' footprint, distinct pages by kind (MiB, mean of the repeats):")
     print_table(("code", "replicas", "kind", "total", "shared", "private per worker"), table)
-    print("\nSummary (MiB, means; fork server counted with its workers; target: 2 replicas")
+    print("\nSummary (MiB, means; fork servers counted with their workers; target: 2 replicas")
     print("at most 1.25x one):")
     print_table(
         ("code", "footprint 1", "footprint 2", "ratio", "kernel PSS 1", "kernel PSS 2",
-         "ratio", "busy PSS 1", "busy PSS 2", "fork server PSS 2", "tensors in file MiB",
-         "private tensors MiB"),
+         "ratio", "busy PSS 1", "busy PSS 2", "fork servers PSS 2", "tensors in file MiB",
+         "private tensors MiB", "restart ready s"),
         [(r["label"], r["mean"]["1"]["total_mib"], r["mean"]["2"]["total_mib"],
           r["footprint_ratio_2_to_1"], r["mean"]["1"]["workers_pss_mib"],
           r["mean"]["2"]["workers_pss_mib"], r["kernel_pss_ratio_2_to_1"],
           r["mean"]["1"]["workers_busy_pss_mib"], r["mean"]["2"]["workers_busy_pss_mib"],
           r["mean"]["2"]["fork_server_pss_mib"],
-          r["tensors"]["file_backed_mib"], r["tensors"]["private_mib"]) for r in results],
+          r["tensors"]["file_backed_mib"], r["tensors"]["private_mib"],
+          r["mean"]["2"]["restart_ready_s"]) for r in results],
     )  # fmt: skip
     for r in results:
         named = ", ".join(f"{t['tensor']} {t['mib']}" for t in r["tensors"]["largest_private"])
@@ -611,8 +654,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument(
         "--kernels",
         default="auto",
-        help="this checkout's deployment kernels to measure (auto, blas, onednn; "
-        "comma-separated): packed oneDNN weights are private per replica, BLAS shares the file",
+        help="the deployment kernels to measure (auto, blas, onednn; "
+        "comma-separated): oneDNN packs weights at load, shared where the model's fork server "
+        "packed them before forking; BLAS multiplies the file's pages",
     )
     parser.add_argument("--rounds", type=int, default=4, help="--allocator: rounds of sides")
     parser.add_argument("--residency-of", metavar="ARTIFACT", help=argparse.SUPPRESS)
@@ -630,12 +674,16 @@ def main(argv: list[str] | None = None) -> dict | None:
     results = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-memory-") as tmp:
         families = family_models(Path(tmp) / "families") if args.families else {}
-        if args.baseline:
+        if args.baseline:  # at its default worker start, with each kernel
             tree = export_tree(args.baseline, Path(tmp) / "baseline")
-            label = f"baseline {args.baseline}"
-            results.append(
-                run_tree(label, tree, args.artifact, args.requests, args.repeats, families)
-            )
+            for kernel in args.kernels.split(","):
+                label = f"baseline {args.baseline}, kernel {kernel}"
+                results.append(
+                    run_tree(
+                        label, tree, args.artifact, args.requests, args.repeats, families,
+                        kernel=None if kernel == "auto" else kernel,
+                    )
+                )  # fmt: skip
         for start in args.starts.split(","):
             for kernel in args.kernels.split(","):
                 label = f"this checkout, {start}, kernel {kernel}"

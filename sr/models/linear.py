@@ -98,6 +98,13 @@ def choose_kernel(
     return choice
 
 
+def adopt_choice(device: torch.device, dtype: torch.dtype, choice: KernelChoice) -> None:
+    """Take `choice` as this process's probe result for `device` and `dtype`: for a process
+    that must not run the probe's threads itself (sr.pool.model_server probes in a child)."""
+    with _lock:
+        _choices[(str(device), dtype)] = choice
+
+
 def _probe(device: torch.device, dtype: torch.dtype) -> KernelChoice:
     unavailable = kernels.onednn_unavailable(device, dtype)
     if unavailable is not None:

@@ -14,7 +14,15 @@ Rules:
   pidfd the server sent (pidfd_send_signal), which names that process and never a later
   one with the same pid. The worker still exits when the router dies: its `--parent-fd` is
   the router's pipe, handed through the server.
-* If the server is gone (crashed, killed), the next worker start starts a new one; if that
+* A deployment's CPU replicas are forked by a fork server of their own (`ModelForkServer`),
+  which the router's server forks and which loads the model before forking
+  (sr.pool.model_server): their weights, packed ones included, are then shared pages. One
+  per run folder and model (the worker argv less the flags that differ between replicas),
+  leased like the router's: a reload that changes the model leases a new one, and the last
+  replica of a retired deployment closes its own. If it cannot start or load, the replica
+  is forked by the router's server as before and the log says why
+  (`model_server_unavailable`); that failure is kept, so later restarts do not load again.
+* If a server is gone (crashed, killed), the next worker start starts a new one; if that
   fails too, the worker is spawned directly and the log says so (`fork_server_unavailable`).
   Workers it forked keep running; when one of them exits, its status is unknown (the
   server that would have reaped it is gone): `returncode` stays None and `exit_note` says why.
@@ -25,6 +33,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -34,6 +43,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
+
+from sr.events import EventSink
 
 # Not `from sr.pool.forkserver import ...`: that module is run as `python -m`, and importing
 # it from here (sr.pool's package import) first would make runpy warn and run it twice.
@@ -45,6 +56,7 @@ START_METHODS = ("fork", "spawn")
 DEFAULT_START = "fork"
 SERVER_MODULE = "sr.pool.forkserver"
 SERVER_READY_S = 120.0  # importing torch on a loaded host takes seconds, not minutes
+MODEL_SERVER_READY_S = 600.0  # loading a large model at 1 thread may take minutes
 SERVER_STOP_S = 5.0
 REPLY_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged server
 
@@ -91,6 +103,10 @@ class ForkedWorker:
     def poll(self) -> int | None:
         return self.returncode
 
+    def exited(self) -> bool:
+        """Whether the process has exited, reported or not (its pidfd turns readable)."""
+        return self._exited or bool(select.select([self._pidfd], [], [], 0)[0])
+
     def send_signal(self, signum: int) -> None:
         if self._exited:
             return
@@ -131,9 +147,11 @@ SERVER_ONLY_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 class ForkServer:
     """One `python -m sr.pool.forkserver` process and its control channel."""
 
+    kind = "fork_server"  # in the event logged when it cannot fork: `<kind>_unavailable`
+
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.process: trio.Process | None = None
+        self.process: trio.Process | ForkedWorker | None = None
         self.pid: int | None = None
         self._control: trio.socket.SocketType | None = None
         self._lock = trio.Lock()
@@ -146,16 +164,31 @@ class ForkServer:
         self, argv: list[str], *, parent_read: int, env: dict[str, str]
     ) -> ForkedWorker:
         """Fork `python -m sr worker ...` (`argv`); its stderr is a new pipe we read."""
-        err_read, err_write = os.pipe()
+        return await self._fork({"argv": argv, "env": env}, parent_read)
+
+    async def fork_model_server(
+        self, argv: list[str], *, control: int, env: dict[str, str]
+    ) -> ForkedWorker:
+        """Fork a deployment's server for the model of `argv` (a worker's); `control` is its
+        end of the control channel. Its stderr is ours, as this server's is."""
+        request = {"argv": argv, "env": env, "model_server": True}
+        return await self._fork(request, control, stderr=sys.stderr.fileno())
+
+    async def _fork(
+        self, request: dict, third_fd: int, *, stderr: int | None = None
+    ) -> ForkedWorker:
+        """Send one fork request (sr.pool.forkserver) and take the child's pid and pidfd;
+        the child's stderr is `stderr`, or a new pipe we read when None."""
+        err_read, err_write = os.pipe() if stderr is None else (-1, os.dup(stderr))
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         reply = trio.socket.from_stdlib_socket(mine)
         try:
             async with self._lock:
                 if not self.running:
                     await self._start()
-                request = {"argv": argv, "env": env, "cwd": os.getcwd()}
-                # the order sr.pool.forkserver expects: reply, stderr, parent-fd
-                fds = array.array("i", [theirs.fileno(), err_write, parent_read])
+                request = {**request, "cwd": os.getcwd()}
+                # the order sr.pool.forkserver expects: reply, stderr, parent-fd (or control)
+                fds = array.array("i", [theirs.fileno(), err_write, third_fd])
                 try:
                     await self._control.sendmsg(
                         [json.dumps(request).encode()],
@@ -175,7 +208,8 @@ class ForkServer:
         except BaseException:
             reply.close()
             theirs.close()
-            os.close(err_read)
+            if err_read >= 0:
+                os.close(err_read)
             if err_write >= 0:
                 os.close(err_write)
             raise
@@ -190,7 +224,7 @@ class ForkServer:
             for fd in fds:
                 os.close(fd)
             raise ForkServerError(str(answer.get("error", answer)))
-        stderr = trio.lowlevel.FdStream(err_read)
+        stderr = trio.lowlevel.FdStream(err_read) if err_read >= 0 else None
         return ForkedWorker(int(answer["pid"]), fds[0], reply, stderr)
 
     async def _start(self) -> None:
@@ -208,15 +242,20 @@ class ForkServer:
         finally:
             theirs.close()
         self._control = trio.socket.from_stdlib_socket(mine)
+        await self._wait_ready("fork server", SERVER_READY_S)
+
+    async def _wait_ready(self, what: str, timeout_s: float) -> dict:
+        """The server's ready message, or ForkServerError (the server closed) saying why."""
         answer: dict = {}
-        with trio.move_on_after(SERVER_READY_S):
+        with trio.move_on_after(timeout_s):
             data = await self._control.recv(MAX_MESSAGE)
             answer = json.loads(data) if data else {"error": "exited before it was ready"}
         if not answer.get("ready"):
-            why = answer.get("error") or f"not ready within {SERVER_READY_S:g}s"
+            why = answer.get("error") or f"not ready within {timeout_s:g}s"
             await self.aclose()
-            raise ForkServerError(f"fork server did not start: {why}")
+            raise ForkServerError(f"{what} did not start: {why}")
         self.pid = int(answer["pid"])
+        return answer
 
     async def aclose(self) -> None:
         """Close the control channel (the server exits at EOF); SIGKILL if it lingers."""
@@ -231,24 +270,113 @@ class ForkServer:
                 await self.process.wait()
 
 
-_servers: dict[Path, tuple[ForkServer, int]] = {}  # run folder -> (server, leases held)
+class ModelForkServer(ForkServer):
+    """A deployment's fork server: forked by the router's (`base`), the model of the worker
+    argv `model_argv` loaded before it forks (sr.pool.model_server)."""
+
+    kind = "model_server"
+
+    def __init__(
+        self, base: ForkServer, model_argv: list[str], env: dict[str, str], events: EventSink
+    ) -> None:
+        super().__init__(env)
+        self.base = base
+        self.model_argv = model_argv
+        self.events = events
+        self.failure: str | None = None  # why it could not start; then it is not retried
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and not self.process.exited()
+
+    async def _start(self) -> None:
+        if self.failure is not None:
+            raise ForkServerError(self.failure)
+        if self.process is not None:  # a server that died: reap its handle first
+            await self.aclose()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            try:
+                self.process = await self.base.fork_model_server(
+                    self.model_argv, control=theirs.fileno(), env=self.env
+                )
+            finally:
+                theirs.close()
+            self._control = trio.socket.from_stdlib_socket(mine)
+            ready = await self._wait_ready("the model's fork server", MODEL_SERVER_READY_S)
+        except ForkServerError as error:
+            mine.close()
+            self.failure = str(error)
+            raise
+        argv = self.model_argv
+        self.events.emit(
+            "model_server_ready",
+            server_pid=self.pid,
+            artifact=argv[argv.index("--artifact") + 1],
+            kernel=ready.get("kernel"),
+            load_s=ready.get("load_s"),
+        )
+
+
+def model_key(argv: list[str]) -> tuple[str, ...]:
+    """What makes two workers' models the same: their argv less the flags that differ
+    between replicas of one deployment (socket, pipe, names, threads)."""
+    per_replica = ("--uds", "--parent-fd", "--deployment", "--replica", "--threads")
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in per_replica:
+            next(args, None)
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+# (run folder, model key or ()) -> (server, leases held)
+_servers: dict[tuple[Path, tuple[str, ...]], tuple[ForkServer, int]] = {}
 
 
 @asynccontextmanager
 async def lease_fork_server(run_dir: Path, env: dict[str, str]) -> AsyncIterator[ForkServer]:
     """The run folder's fork server, shared; closed when its last lease is returned."""
-    server, leases = _servers.get(run_dir, (None, 0))
+    async with _lease((run_dir, ()), lambda: ForkServer(env)) as server:
+        yield server
+
+
+@asynccontextmanager
+async def lease_model_server(
+    run_dir: Path,
+    base: ForkServer,
+    worker_argv: list[str],
+    env: dict[str, str],
+    events: EventSink,
+) -> AsyncIterator[ModelForkServer]:
+    """The fork server for the model `worker_argv` serves, shared by the replicas of that
+    model in this run folder; closed when its last lease is returned. Hold `base`'s lease
+    around it. `events` hears when it is ready."""
+    key = model_key(worker_argv)
+
+    def new_server() -> ModelForkServer:
+        return ModelForkServer(base, list(key), env, events)
+
+    async with _lease((run_dir, key), new_server) as server:
+        yield server
+
+
+@asynccontextmanager
+async def _lease(key, new_server):
+    server, leases = _servers.get(key, (None, 0))
     if server is None:
-        server = ForkServer(env)
-    _servers[run_dir] = (server, leases + 1)
+        server = new_server()
+    _servers[key] = (server, leases + 1)
     try:
         yield server
     finally:
-        server, leases = _servers[run_dir]
+        server, leases = _servers[key]
         if leases > 1:
-            _servers[run_dir] = (server, leases - 1)
+            _servers[key] = (server, leases - 1)
         else:
-            del _servers[run_dir]
+            del _servers[key]
             with trio.CancelScope(shield=True):
                 await server.aclose()
 

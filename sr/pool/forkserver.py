@@ -17,6 +17,13 @@ Rules:
   sr.worker.parent_watch), so they exit with the router, not with this server.
 * Only `python -m sr worker ...` is forked (argv[1:4] must be `-m sr worker`); the value of
   `--parent-fd` is rewritten to the number the received fd has here.
+* A request with `"model_server": true` forks a deployment's fork server instead: the
+  third fd is its control channel (the router holds the other end), and the child loads
+  the model its worker argv names (sr.pool.model_server), answers `{"ready": true, "pid",
+  "kernel", "load_s"}` (or `{"error"}` and exits 1) there, then serves fork requests on it
+  as this server does. The workers it forks find the model loaded: its weights, packed
+  ones included, are copy-on-write pages shared by the replicas. Its cmdline is
+  `... sr.pool.forkserver --model ARTIFACT`; EOF on its control channel ends it too.
 * Fork only while this process has one thread: torch starts its OpenMP pool lazily on the
   first parallel operator, which the server never runs; the thread count is checked before
   every fork and a request is refused (the router then spawns) if it is not 1. CUDA is never
@@ -26,8 +33,8 @@ Rules:
   wakeup fd reset to a fresh interpreter's, fds 0/1/2 = /dev/null, /dev/null, its stderr,
   the request's environment and cwd, Python's and numpy's random state reseeded from the OS
   (torch's default generator is put back to the seed it had at import, what a fresh process
-  has), and
-  its /proc cmdline rewritten to the worker's argv (tools and tests find `--uds` there).
+  has), torch's thread count put back to its default (a deployment's server loads at 1),
+  and its /proc cmdline rewritten to the worker's argv (tools and tests find `--uds` there).
   It runs `sr worker`'s main and leaves with `os._exit` after the atexit handlers.
 """
 
@@ -61,6 +68,7 @@ PRELOAD = (
     "sr.models.mpnet",
     "sr.models.modernbert",
     "sr.models.qwen3",
+    "sr.pool.model_server",  # what a model's fork server runs (see `_model_server`)
 )
 MAX_MESSAGE = 1 << 20  # also in sr.pool.forked
 FDS_PER_REQUEST = 3  # reply socket, stderr write end, parent-fd read end
@@ -143,7 +151,8 @@ class _Server:
         argv = [str(arg) for arg in request["argv"]]
         if argv[1:4] != ["-m", "sr", "worker"]:  # the same rule as sr.pool.forked.forkable
             raise ValueError(f"only `python -m sr worker` is forked, not {argv[1:4]}")
-        if "--parent-fd" in argv:
+        model_server = bool(request.get("model_server"))
+        if "--parent-fd" in argv and not model_server:
             argv[argv.index("--parent-fd") + 1] = str(parent_fd)
         threads = len(os.listdir("/proc/self/task"))
         if threads != 1:
@@ -156,6 +165,9 @@ class _Server:
             server_fds = [self.control.fileno(), self.wake_r.fileno(), self.wake_w.fileno()]
             server_fds += [self.selector.fileno(), reply.fileno()]
             server_fds += [s.fileno() for s in self.replies.values()]
+            if model_server:
+                _model_server(argv, request, stderr_fd=stderr_fd, control_fd=parent_fd,
+                              close=server_fds)  # fmt: skip
             _child(request, argv, stderr_fd=stderr_fd, parent_fd=parent_fd, close=server_fds)
         try:  # before any reap: it names this child, never a reused pid
             pidfd = os.pidfd_open(pid)
@@ -206,6 +218,37 @@ def _child(request: dict, argv: list[str], *, stderr_fd: int, parent_fd: int, cl
             os._exit(code)
 
 
+def _model_server(
+    argv: list[str], request: dict, *, stderr_fd: int, control_fd: int, close: list[int]
+):
+    """In the forked child: become a deployment's fork server (module docstring); never
+    returns."""
+    code = 1
+    try:
+        become_fresh(request, stderr_fd=stderr_fd, close=close)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the router's server: ^C is not ours
+        artifact = argv[argv.index("--artifact") + 1] if "--artifact" in argv else "?"
+        set_cmdline([sys.executable, "-m", "sr.pool.forkserver", "--model", artifact])
+        control = socket.socket(fileno=control_fd)
+        try:
+            from sr.pool.model_server import preload
+
+            summary = preload(argv)
+        except Exception as error:  # reported to the router, which forks without the model
+            _send(control, {"error": f"{type(error).__name__}: {error}"})
+        else:
+            gc.freeze()
+            _send(control, {"ready": True, "pid": os.getpid(), **summary})
+            code = _Server(control).serve()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 def become_fresh(request: dict, *, stderr_fd: int, close: list[int]) -> None:
     """Leave the server's state behind in a forked child: what a new interpreter started
     with the request's environment, cwd and stderr would have (module docstring)."""
@@ -231,17 +274,23 @@ def become_fresh(request: dict, *, stderr_fd: int, close: list[int]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and _fresh_torch_seed is not None:
         torch.default_generator.manual_seed(_fresh_torch_seed)
+    threads = _fresh_torch_threads
+    if torch is not None and threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)  # sets the count; no thread starts until one is used
 
 
 _fresh_torch_seed: int | None = None
+_fresh_torch_threads: int | None = None
 
 
 def remember_fresh_state() -> None:
-    """Call once torch is imported and before anything seeds it: the seed a new process's
-    torch generator has (torch's fixed default), which `become_fresh` restores."""
-    global _fresh_torch_seed
+    """Call once torch is imported and before anything seeds it or sets its thread count:
+    the seed a new process's torch generator has (torch's fixed default) and its default
+    thread count, which `become_fresh` restores."""
+    global _fresh_torch_seed, _fresh_torch_threads
     torch = sys.modules.get("torch")
     _fresh_torch_seed = None if torch is None else torch.initial_seed()
+    _fresh_torch_threads = None if torch is None else torch.get_num_threads()
 
 
 def _exit_code(sr_main, args: list[str]) -> int:

@@ -5,8 +5,9 @@ Three kinds, one task shape:
   it with restart backoff when it exits, stops it with SIGTERM then SIGKILL after a grace;
   it holds the write end of a pipe whose read end is the worker's `--parent-fd`, so the
   worker exits when this process dies, however it dies (sr.worker.parent_watch). A CPU
-  worker is forked by the router's fork server when `SR_WORKER_START` allows (sr.pool.forked:
-  same argv, exit status, signals and parent pipe; spawned directly if the server fails). The
+  worker is forked when `SR_WORKER_START` allows (sr.pool.forked: same argv, exit status,
+  signals and parent pipe), by its model's fork server, which loaded the model before
+  forking, else by the router's fork server, else spawned directly (each fallback logged). The
   worker logs JSON lines naming its deployment and replica, relayed into this process's
   log (sr.pool.worker_log); an exit is described in words (`killed by SIGKILL`);
 * attached (`endpoint`) — only probed, never started or stopped; never terminal: when it
@@ -33,7 +34,14 @@ from typing import Any
 import trio
 
 from sr.config.schema import DEFAULT_KERNEL, Deployment, Replica
-from sr.pool.forked import ForkServer, ForkServerError, forkable, lease_fork_server, start_method
+from sr.pool.forked import (
+    ForkServer,
+    ForkServerError,
+    forkable,
+    lease_fork_server,
+    lease_model_server,
+    start_method,
+)
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
@@ -204,26 +212,33 @@ class ReplicaRunner:
                 "worker_start_invalid", deployment=rec.deployment, replica=rec.id, reason=warning
             )
         if method == "spawn":
-            await self._restart_loop(None)
+            await self._restart_loop([])
             return
-        async with lease_fork_server(self.run_dir, self._child_env()) as server:
-            await self._restart_loop(server)
+        # a worker argv of this replica; its model's server is keyed by what decides the model
+        names = (rec.deployment, rec.id)
+        model_argv = worker_argv(self.deployment, "cpu", self.threads, "", names=names)
+        events, env = self.policy.events, self._child_env()
+        async with (
+            lease_fork_server(self.run_dir, env) as server,
+            lease_model_server(self.run_dir, server, model_argv, env, events) as model,
+        ):
+            await self._restart_loop([model, server])
 
     def _child_env(self) -> dict[str, str]:
         if self.settings is None:
             self.settings = read_process_settings()
         return worker_env(self.settings.environ)
 
-    async def _restart_loop(self, server: ForkServer | None) -> None:
+    async def _restart_loop(self, servers: list[ForkServer]) -> None:
         while True:
             self._incarnation += 1
-            verdict, code = await self._run_incarnation(server)
+            verdict, code = await self._run_incarnation(servers)
             if verdict == "failed" or not await self._after_exit(code):
                 return
 
-    async def _start_worker(self, argv: list[str], parent_read: int, server: ForkServer | None):
-        """The worker's process: forked by `server` when there is one, else spawned."""
-        if server is not None and forkable(argv):
+    async def _start_worker(self, argv: list[str], parent_read: int, servers: list[ForkServer]):
+        """The worker's process: forked by the first of `servers` that can, else spawned."""
+        for index, server in enumerate(servers if forkable(argv) else []):
             try:
                 return await server.fork_worker(
                     argv, parent_read=parent_read, env=self._child_env()
@@ -231,11 +246,11 @@ class ReplicaRunner:
             except ForkServerError as error:
                 rec = self.record
                 self.policy.events.emit(
-                    "fork_server_unavailable",
+                    f"{server.kind}_unavailable",
                     deployment=rec.deployment,
                     replica=rec.id,
                     reason=str(error),
-                    fallback="spawn",
+                    fallback=servers[index + 1].kind if index + 1 < len(servers) else "spawn",
                 )
         # stdout is the worker's announcement channel for humans running it by hand;
         # the pool learns everything over the socket, and sr serve's stdout stays ours.
@@ -248,7 +263,7 @@ class ReplicaRunner:
             pass_fds=(parent_read,),
         )
 
-    async def _run_incarnation(self, server: ForkServer | None) -> tuple[str | None, int | None]:
+    async def _run_incarnation(self, servers: list[ForkServer]) -> tuple[str | None, int | None]:
         """One worker process from start to exit; returns (probe verdict, exit status)."""
         rec = self.record
         uds = self.run_dir / f"{rec.id}-{self._incarnation}.sock"
@@ -268,7 +283,7 @@ class ReplicaRunner:
         )
         self._set(S.STARTING, None)
         try:
-            process = await self._start_worker(argv, parent_read, server)
+            process = await self._start_worker(argv, parent_read, servers)
         except BaseException:
             os.close(parent_alive)
             raise

@@ -54,6 +54,11 @@ _EXIT_FALLBACK_S = 0.5
 
 def load_from_artifact(options: WorkerOptions):
     from sr.models import load_model, resolve_artifact
+    from sr.worker import preloaded
+
+    model = preloaded.claim(options)  # loaded by the fork server that forked us
+    if model is not None:
+        return model
 
     path = resolve_artifact(options.artifact, options.revision)
     kernel = None if options.kernel == DEFAULT_KERNEL else options.kernel

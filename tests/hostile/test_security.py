@@ -151,14 +151,16 @@ def test_workers_are_spawned_from_an_argv_list_without_a_shell(hostile_router):
     def parent_of(child: int) -> int:
         return int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
-    # A CPU worker is forked by sr's fork server (sr.pool.forkserver), itself a child of
-    # sr serve; either way no shell stands between sr serve and the worker.
-    parent = parent_of(pid)
-    if parent != hostile_router.proc.pid:
+    # A CPU worker is forked by its model's fork server, forked by sr's fork server
+    # (sr.pool.forkserver, both), itself a child of sr serve (or by sr's fork server, or
+    # spawned, when one fails); either way no shell stands between sr serve and the worker.
+    chain = [pid]
+    while (parent := parent_of(chain[-1])) != hostile_router.proc.pid:
         server = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
         assert server[1:3] == [b"-m", b"sr.pool.forkserver"], server
-        assert parent_of(parent) == hostile_router.proc.pid, "the fork server is sr serve's child"
-    for process in (pid, parent):
+        chain.append(parent)
+        assert len(chain) <= 3, "the fork servers are sr serve's child and grandchild"
+    for process in chain:
         cmdline = Path(f"/proc/{process}/cmdline").read_bytes().split(b"\0")
         assert Path(cmdline[0].decode()).name.startswith("python"), cmdline
 

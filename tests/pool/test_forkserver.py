@@ -174,7 +174,8 @@ def test_start_method(device, value, method, warned):
 
 
 # A process that sets up state as the fork server does (^C ignored, a SIGCHLD handler, a
-# wakeup fd, seeded random generators, an extra fd), forks, and reports from the child what
+# wakeup fd, seeded random generators, an extra fd, torch at another thread count than its
+# default, as a model's server loads at 1), forks, and reports from the child what
 # `become_fresh` left: JSON on the child's new stderr.
 FRESH_CHILD = """
 import json, os, random, signal, socket, sys
@@ -193,6 +194,8 @@ report_r, report_w = os.pipe()
 random.seed(7); numpy.random.seed(7)
 fresh_torch = torch.rand(3).tolist()  # what a new process draws first
 torch.manual_seed(7)
+fresh_threads = torch.get_num_threads()
+torch.set_num_threads(fresh_threads + 1)
 pid = os.fork()
 if pid == 0:
     random.seed(7); numpy.random.seed(7); torch.manual_seed(7)
@@ -204,7 +207,7 @@ if pid == 0:
         "sigchld": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
         "wakeup": signal.set_wakeup_fd(-1),
         "random": random.random(), "numpy": float(numpy.random.random()),
-        "torch": torch.rand(3).tolist(),
+        "torch": torch.rand(3).tolist(), "threads": torch.get_num_threads(),
         "env": dict(os.environ), "cwd": os.getcwd(),
         "stdin": os.readlink("/proc/self/fd/0"), "stdout": os.readlink("/proc/self/fd/1"),
         "server_fd_open": os.path.exists(f"/proc/self/fd/{server_fd}"),
@@ -218,7 +221,8 @@ child = b"".join(iter(lambda: os.read(report_r, 65536), b""))
 os.waitpid(pid, 0)
 random.seed(7); numpy.random.seed(7)
 print(json.dumps({"child": json.loads(child), "seeded_random": random.random(),
-                  "seeded_numpy": float(numpy.random.random()), "fresh_torch": fresh_torch}))
+                  "seeded_numpy": float(numpy.random.random()), "fresh_torch": fresh_torch,
+                  "fresh_threads": fresh_threads}))
 """
 
 
@@ -238,6 +242,7 @@ def test_a_forked_child_becomes_a_fresh_process():
     assert child["random"] != report["seeded_random"]
     assert child["numpy"] != report["seeded_numpy"]
     assert child["torch"] == report["fresh_torch"]
+    assert child["threads"] == report["fresh_threads"]  # the default, not the server's
     assert child["env"] == {"ONLY": "this"} and child["cwd"] == "/"
     assert child["stdin"] == child["stdout"] == os.devnull
     assert not child["server_fd_open"]

@@ -1,0 +1,97 @@
+"""What a deployment's fork server does before it forks: load and pack the model once.
+
+Run inside the child that sr.pool.forkserver forks for a `model_server` request. Replicas
+forked after `preload` find the model in sr.worker.preloaded and serve it instead of
+loading their own, so its weights, the packed oneDNN copies included (private per process
+when each worker packs at load), are copy-on-write pages shared by every replica.
+
+Rules:
+* The model is the one the worker argv would load: the argv is parsed by `sr worker`'s
+  parser and the dtype resolved as the worker resolves it (sr.config.precision), so the
+  worker's claim (artifact, revision, device, dtype served, kernel) matches. CPU only.
+* No OpenMP thread may exist in a process that forks (libgomp's pool does not survive a
+  fork). torch runs at 1 thread here, where operators run inline and start no pool, and
+  the thread count is checked (/proc/self/task) before answering ready and before each
+  fork. The kernel probe (sr.models.linear.choose_kernel) runs products at 1 and 2 threads,
+  so it runs in a short-lived child forked for it, at the thread count a fresh worker has,
+  which reports its choice on a pipe and exits; this process adopts the choice.
+* Every check a worker makes at start still runs in each replica, on the shared model: the
+  golden check, the batching probe, thread calibration. Each replica sets its own threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+
+import attrs
+import torch
+
+from sr.config.precision import cpu_flags, resolve_precision
+from sr.models import kernels, linear
+from sr.models.blocks import torch_dtype
+from sr.models.encoder import torch_device
+from sr.worker import preloaded
+from sr.worker.cli import parse_command
+from sr.worker.service import load_from_artifact
+
+PROBE_REPORT_MAX = 1 << 16
+
+
+def preload(argv: list[str]) -> dict:
+    """Load the model `argv` (`python -m sr worker ...`) serves and offer it to the workers
+    this process forks; returns what the ready message tells the router."""
+    started = time.perf_counter()
+    # The router sends the argv less what differs between replicas (sr.pool.forked.model_key:
+    # no socket, no pipe); the server listens nowhere, but the worker's parser wants an
+    # address.
+    options = parse_command([*argv[4:], "--uds", "unused"]).options
+    if options.device != "cpu":
+        raise ValueError(f"only CPU workers are forked, not {options.device}")
+    precision = resolve_precision(
+        options.profile, options.dtype, options.device, cpu_flags=cpu_flags(), gpu_bf16=False
+    )
+    served = attrs.evolve(options, dtype=precision.dtype)
+    fresh_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    if served.kernel != kernels.BLAS:  # "blas" is never probed
+        device = torch_device(served.device)
+        for dtype in {torch_dtype(served.dtype), torch.float32}:  # float32: Dense modules
+            linear.adopt_choice(device, dtype, _probe_in_child(device, dtype, fresh_threads))
+        kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
+    model = load_from_artifact(served)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise RuntimeError(f"loading the model left {threads} threads; forking needs 1")
+    preloaded.offer(served, model)
+    card = getattr(model, "kernel_card", None)
+    return {"kernel": card, "load_s": round(time.perf_counter() - started, 3)}
+
+
+def _probe_in_child(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:
+    """The host's kernel choice, probed in a child that exits after reporting it, so the
+    probe's OpenMP threads never exist in this process."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            torch.set_num_threads(threads)  # the count the worker's own probe would run at
+            choice = linear.choose_kernel(device, dtype)
+            os.write(write_end, json.dumps(attrs.asdict(choice)).encode())
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        data = report.read(PROBE_REPORT_MAX)
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        raise RuntimeError(f"the kernel probe's child exited {code} without a choice")
+    return linear.KernelChoice(**json.loads(data))
