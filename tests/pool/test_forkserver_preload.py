@@ -16,6 +16,7 @@ import pytest
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.pool import forked, open_router
+from sr.pool.views import ReplicaView
 from tests.pool.test_forkserver import cmdline, parent_of
 from tests.pool.test_pool_e2e import wait_until
 from tests.serve_process import ServeProcess, pid_alive, serve_config, wait_gone
@@ -33,8 +34,8 @@ def onednn_config(model_dir, replicas: int, name: str = "tiny") -> SrConfig:
     return cfg
 
 
-def replicas_of(core, name: str = "tiny") -> list[dict]:
-    return core.inventory()["deployments"][name]["replicas"]
+def replicas_of(core, name: str = "tiny") -> tuple[ReplicaView, ...]:
+    return core.inventory().deployments[name].replicas
 
 
 async def embeddings(core, name: str = "tiny") -> tuple[str, list]:
@@ -61,7 +62,7 @@ async def spawned_embeddings(model_dir, run_dir, monkeypatch) -> list:
     async with open_router(onednn_config(model_dir, 1), threads=1, run_dir=run_dir) as core:
         await core.wait_ready(60)
         [worker] = replicas_of(core)
-        assert parent_of(worker["pid"]) == os.getpid()
+        assert parent_of(worker.pid) == os.getpid()
         _, vectors = await embeddings(core)
     monkeypatch.setenv(forked.START_ENV, "fork")
     return vectors
@@ -77,28 +78,28 @@ async def test_replicas_come_from_their_models_server_and_answer_as_a_spawned_wo
     ) as core:
         await core.wait_ready(60)
         # ready: the card says onednn, as asked (else the pool holds it incompatible)
-        await wait_until(lambda: all(r["ready"] for r in replicas_of(core)), 60)
+        await wait_until(lambda: all(r.ready for r in replicas_of(core)), 60)
         victim, survivor = replicas_of(core)
-        server = parent_of(victim["pid"])
-        assert parent_of(survivor["pid"]) == server and is_model_server(server, tiny_model_dir)
+        server = parent_of(victim.pid)
+        assert parent_of(survivor.pid) == server and is_model_server(server, tiny_model_dir)
         base = parent_of(server)  # the router's fork server forked the model's
         assert base != os.getpid() and "--control-fd" in cmdline(base)
         answered = {}
         for _ in range(4):
             replica, vectors = await embeddings(core)
             answered[replica] = vectors
-        assert set(answered) == {victim["id"], survivor["id"]}
+        assert set(answered) == {victim.id, survivor.id}
         assert all(vectors == spawned for vectors in answered.values())  # bit for bit
 
-        os.kill(victim["pid"], signal.SIGKILL)
-        await wait_until(lambda: replicas_of(core)[0]["state"] == "restarting", 5)
-        await wait_until(lambda: replicas_of(core)[0]["state"] == "ready", 30)
+        os.kill(victim.pid, signal.SIGKILL)
+        await wait_until(lambda: replicas_of(core)[0].state.value == "restarting", 5)
+        await wait_until(lambda: replicas_of(core)[0].state.value == "ready", 30)
         restarted = replicas_of(core)[0]
-        assert parent_of(restarted["pid"]) == server  # the same loaded model, forked again
-        while (await embeddings(core))[0] != victim["id"]:
+        assert parent_of(restarted.pid) == server  # the same loaded model, forked again
+        while (await embeddings(core))[0] != victim.id:
             pass
         assert (await embeddings(core))[1] == spawned
-        workers = [restarted["pid"], survivor["pid"]]
+        workers = [restarted.pid, survivor.pid]
     assert wait_gone([*workers, server, base], 10) == []
     assert sink.named("model_server_unavailable") == sink.named("fork_server_unavailable") == []
     [ready] = sink.named("model_server_ready")  # one server for both replicas and the restart
@@ -113,20 +114,20 @@ async def test_a_killed_model_server_is_replaced_and_its_workers_serve_on(tiny_m
     ) as core:
         await core.wait_ready(60)
         worker = replicas_of(core)[0]
-        server = parent_of(worker["pid"])
+        server = parent_of(worker.pid)
         assert is_model_server(server, tiny_model_dir)
         os.kill(server, signal.SIGKILL)
         assert wait_gone([server], 5) == []
-        assert (await embeddings(core))[0] == worker["id"]  # its worker does not need it
+        assert (await embeddings(core))[0] == worker.id  # its worker does not need it
 
-        os.kill(worker["pid"], signal.SIGKILL)
-        await wait_until(lambda: replicas_of(core)[0]["state"] == "restarting", 5)
-        await wait_until(lambda: replicas_of(core)[0]["state"] == "ready", 60)
+        os.kill(worker.pid, signal.SIGKILL)
+        await wait_until(lambda: replicas_of(core)[0].state.value == "restarting", 5)
+        await wait_until(lambda: replicas_of(core)[0].state.value == "ready", 60)
         fresh = replicas_of(core)[0]
-        new_server = parent_of(fresh["pid"])
+        new_server = parent_of(fresh.pid)
         assert new_server != server and is_model_server(new_server, tiny_model_dir)
-        assert (await embeddings(core))[0] == worker["id"]
-    assert wait_gone([fresh["pid"], new_server], 10) == []
+        assert (await embeddings(core))[0] == worker.id
+    assert wait_gone([fresh.pid, new_server], 10) == []
     assert sink.named("model_server_unavailable") == []
 
 
@@ -147,13 +148,13 @@ async def test_a_model_server_that_cannot_load_means_the_routers_fork_server_for
     ) as core:
         await core.wait_ready(60)
         worker = replicas_of(core)[0]
-        base = parent_of(worker["pid"])
+        base = parent_of(worker.pid)
         assert "--control-fd" in cmdline(base) and base != os.getpid()
-        assert (await embeddings(core))[0] == worker["id"]
-        os.kill(worker["pid"], signal.SIGKILL)
-        await wait_until(lambda: replicas_of(core)[0]["restarts"] == 1, 5)
-        await wait_until(lambda: replicas_of(core)[0]["state"] == "ready", 60)
-        assert parent_of(replicas_of(core)[0]["pid"]) == base
+        assert (await embeddings(core))[0] == worker.id
+        os.kill(worker.pid, signal.SIGKILL)
+        await wait_until(lambda: replicas_of(core)[0].restarts == 1, 5)
+        await wait_until(lambda: replicas_of(core)[0].state.value == "ready", 60)
+        assert parent_of(replicas_of(core)[0].pid) == base
     first, again = sink.named("model_server_unavailable")
     assert first["fallback"] == "fork_server" and "did not start" in first["reason"]
     assert "no-such-model" in first["reason"]
@@ -168,9 +169,9 @@ async def test_a_retired_or_changed_models_server_exits(tiny_model_dir, tmp_path
     )
     async with open_router(cfg, threads=1, run_dir=tmp_path / "run") as core:
         await core.wait_ready(60)
-        await wait_until(lambda: replicas_of(core, "other")[0]["ready"], 60)
-        tiny_server = parent_of(replicas_of(core)[0]["pid"])
-        other_server = parent_of(replicas_of(core, "other")[0]["pid"])
+        await wait_until(lambda: replicas_of(core, "other")[0].ready, 60)
+        tiny_server = parent_of(replicas_of(core)[0].pid)
+        other_server = parent_of(replicas_of(core, "other")[0].pid)
         # one server per model: the kernel asked for makes another model
         assert tiny_server != other_server
         assert is_model_server(tiny_server, tiny_model_dir)
@@ -179,11 +180,11 @@ async def test_a_retired_or_changed_models_server_exits(tiny_model_dir, tmp_path
         changed = SrConfig()
         changed.deployments["other"] = attrs.evolve(cfg.deployments["other"], max_num_seqs=8)
         await core.reload(changed, timeout_s=30)
-        await wait_until(lambda: replicas_of(core, "other")[0]["ready"], 60)
-        assert "tiny" not in core.inventory()["deployments"]
+        await wait_until(lambda: replicas_of(core, "other")[0].ready, 60)
+        assert "tiny" not in core.inventory().deployments
         # (waited on in Trio: wait_gone would block the router's own loop)
         await wait_until(lambda: not pid_alive(tiny_server), 10)  # retired with its deployment
-        changed_server = parent_of(replicas_of(core, "other")[0]["pid"])
+        changed_server = parent_of(replicas_of(core, "other")[0].pid)
         assert changed_server != other_server and is_model_server(changed_server, tiny_model_dir)
         await wait_until(lambda: not pid_alive(other_server), 10)  # a changed model: a new server
 
