@@ -11,32 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from sr import api, api_codec
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import (
-    DeadlineExceeded,
     ModelNotFound,
     ReloadFailed,
-    ReplicaNotFound,
     StartupFailed,
-    Unavailable,
     UsageError,
-    WorkerFailed,
 )
 from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
+from sr.pool import worker_exchange
 from sr.pool.changes import StateChanges
 from sr.pool.deployment import DeploymentPool, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
@@ -46,35 +41,17 @@ from sr.pool.record import ReplicaRecord
 from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
-from sr.pool.transport import Transport, TransportError
+from sr.pool.transport import Transport
+from sr.pool.typed_api import TypedApi
 from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
+from sr.pool.worker_exchange import ReplicaScrape, WorkerAnswer
 from sr.settings import Settings, read_process_settings
 
 DRAIN_TIMEOUT_S = 30.0
 
 
-@attrs.frozen
-class WorkerAnswer:
-    """A worker's answer to `Supervisor.post_to_worker`, and which replica and process gave it."""
-
-    replica: str
-    pid: int | None
-    status: int
-    body: bytes
-
-
-@attrs.frozen
-class ReplicaScrape:
-    """One replica's answer to GET /metrics: its Prometheus text, or None when it gave
-    no 200 within the scrape's timeout."""
-
-    deployment: str
-    replica: str
-    text: str | None
-
-
-class Supervisor:
+class Supervisor(TypedApi):
     def __init__(
         self,
         config: SrConfig,
@@ -135,91 +112,6 @@ class Supervisor:
             raise ModelNotFound(f"deployment {deployment!r} does not exist")
         return await pool.request_raw(path, body, timeout_s, request_id)
 
-    async def request(
-        self, model: str, path: str, payload: dict[str, Any], *, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        """Any JSON route of the workers, untyped; the typed helpers below for the four."""
-        name = self.resolve(model)
-        body = dict(payload)
-        body.setdefault("model", self.pools[name].config.artifact)
-        reply = await self.request_raw(name, path, json.dumps(body).encode(), timeout_s=timeout_s)
-        if reply.status >= 400:
-            raise api_codec.error_from_answer(reply.status, reply.headers, reply.body)
-        answer: dict[str, Any] = json.loads(reply.body)
-        return answer
-
-    # -- typed helpers: results in sr.api, bodies/answers/errors in sr.api_codec -------
-    async def embed(
-        self,
-        deployment: str,
-        texts: str | Sequence[str],
-        *,
-        dimensions: int | None = None,
-        truncate: bool | None = None,
-        timeout_s: float | None = None,
-    ) -> api.Embeddings:
-        """One vector per text (/v1/embeddings); `dimensions` keeps the first ones."""
-        body = api_codec.embeddings_body(texts, dimensions=dimensions, truncate=truncate)
-        name, answer = await self._answer(deployment, "/v1/embeddings", body, timeout_s)
-        count = 1 if isinstance(texts, str) else len(body["input"])
-        return api_codec.parse_embeddings(answer, name, count=count)
-
-    async def classify(
-        self,
-        deployment: str,
-        texts: str | Sequence[str],
-        *,
-        labels: Mapping[str, str] | None = None,
-        truncate: bool | None = None,
-        timeout_s: float | None = None,
-    ) -> api.Classifications:
-        """Label probabilities per text (/v1/classify): the model's own head, or zero-shot
-        over `labels` (label -> description)."""
-        body = api_codec.classify_body(texts, labels=labels, truncate=truncate)
-        name, answer = await self._answer(deployment, "/v1/classify", body, timeout_s)
-        count = 1 if isinstance(texts, str) else len(body["input"])
-        return api_codec.parse_classifications(answer, name, count=count)
-
-    async def decide(
-        self,
-        deployment: str,
-        state: str,
-        questions: Mapping[str, api.Question],
-        *,
-        truncate: bool | None = None,
-        timeout_s: float | None = None,
-    ) -> api.Decisions:
-        """The best criterion of each question for `state` (/v1/decisions)."""
-        body = api_codec.decisions_body(state, questions, truncate=truncate)
-        name, answer = await self._answer(deployment, "/v1/decisions", body, timeout_s)
-        return api_codec.parse_decisions(answer, name, question_ids=list(body["questions"]))
-
-    async def rerank(
-        self,
-        deployment: str,
-        query: str,
-        documents: Sequence[str],
-        *,
-        top_n: int | None = None,
-        truncate: bool | None = None,
-        timeout_s: float | None = None,
-    ) -> api.Reranking:
-        """`documents` by relevance to `query`, best first (/v1/rerank, a cross-encoder)."""
-        body = api_codec.rerank_body(query, documents, top_n=top_n, truncate=truncate)
-        name, answer = await self._answer(deployment, "/v1/rerank", body, timeout_s)
-        return api_codec.parse_reranking(answer, name, documents=body["documents"])
-
-    async def _answer(
-        self, model: str, path: str, body: dict[str, Any], timeout_s: float | None
-    ) -> tuple[str, bytes]:
-        """(deployment, answer body) of a typed helper's request; errors raised."""
-        name = self.resolve(model)
-        payload = api_codec.encode_body({**body, "model": self.pools[name].config.artifact})
-        reply = await self.request_raw(name, path, payload, timeout_s=timeout_s)
-        if reply.status >= 400:
-            raise api_codec.error_from_answer(reply.status, reply.headers, reply.body)
-        return name, reply.body
-
     # -- views ----------------------------------------------------------------------
     def inventory(self) -> Inventory:
         """Every deployment and replica as typed views (sr.pool.views)."""
@@ -230,70 +122,16 @@ class Supervisor:
         )
 
     async def replica_metrics(self, timeout_s: float) -> list[ReplicaScrape]:
-        """GET /metrics of every replica that has a connection, in parallel, each bounded
-        by `timeout_s`. Straight over the transport, not through dispatch: a scrape is not
-        a request (no outstanding bytes, no outcome, no ejection). Replicas without a
-        connection (starting, stopped) are left out."""
-        targets = [
-            (name, replica_id, runner.transport)
-            for name, pool in self.pools.items()
-            for replica_id, runner in pool.runners.items()
-            if runner.transport is not None
-        ]
-        texts: list[str | None] = [None] * len(targets)
-
-        async def scrape(index: int, transport: Transport) -> None:
-            with trio.move_on_after(timeout_s):
-                try:
-                    status, _, body = await transport.exchange("GET", "/metrics")
-                except TransportError:
-                    return
-                if status == 200:
-                    texts[index] = body.decode("utf-8", "replace")
-
-        async with trio.open_nursery() as nursery:
-            for index, (_, _, transport) in enumerate(targets):
-                nursery.start_soon(scrape, index, transport)
-        return [
-            ReplicaScrape(name, replica_id, text)
-            for (name, replica_id, _), text in zip(targets, texts, strict=True)
-        ]
+        """GET /metrics of every connected replica (sr.pool.worker_exchange.scrape_metrics)."""
+        return await worker_exchange.scrape_metrics(self.pools, timeout_s)
 
     async def post_to_worker(
         self, deployment: str, replica: str | int, path: str, body: bytes, *, timeout_s: float
     ) -> WorkerAnswer:
-        """POST `body` to `path` on the worker of one published replica of `deployment` (its
-        id, or its 0-based index in declared order), bounded by `timeout_s`: for operator
-        routes (fault injection, sr.router.faults). Like a metrics scrape it bypasses
-        dispatch. ModelNotFound, ReplicaNotFound, Unavailable (no worker connection),
-        WorkerFailed (the exchange broke) or DeadlineExceeded."""
-        pool = self.pools.get(deployment)
-        if pool is None:
-            known = sorted(self.pools)
-            raise ModelNotFound(f"deployment {deployment!r} does not exist; known: {known}")
-        ids = list(pool.runners)
-        if isinstance(replica, int):
-            if replica >= len(ids):
-                raise ReplicaNotFound(
-                    f"replica: index {replica} is out of range; {deployment!r} has {len(ids)}"
-                )
-            replica_id = ids[replica]
-        elif replica in pool.runners:
-            replica_id = replica
-        else:
-            raise ReplicaNotFound(f"replica: {replica!r} is not a replica of {deployment!r}: {ids}")
-        runner = pool.runners[replica_id]
-        transport = runner.transport
-        if transport is None:
-            raise Unavailable(f"replica {replica_id} has no running worker to configure")
-        pid = runner.record.pid
-        with trio.move_on_after(timeout_s):
-            try:
-                status, _, answer = await transport.exchange("POST", path, body)
-            except Exception as error:  # TransportError or anything the socket throws
-                raise WorkerFailed(f"replica {replica_id}: {type(error).__name__}") from None
-            return WorkerAnswer(replica_id, pid, status, answer)
-        raise DeadlineExceeded(f"replica {replica_id} did not answer {path} within {timeout_s:g}s")
+        """POST to one replica's worker, outside dispatch (sr.pool.worker_exchange)."""
+        return await worker_exchange.post_to_worker(
+            self.pools, deployment, replica, path, body, timeout_s=timeout_s
+        )
 
     def model_card(self, deployment: str) -> dict[str, Any] | None:
         """A copy of the worker card (its GET /v1/models entry) of one ready replica of

@@ -35,7 +35,7 @@ from sr.worker.faults import fault_of
 from sr.worker.validation import check_fields
 
 if TYPE_CHECKING:
-    from sr.pool.supervisor import WorkerAnswer
+    from sr.pool.worker_exchange import WorkerAnswer
 
 FAULTS_PATH = "/api/v1/faults"
 ENV_FLAG = "SR_FAULT_INJECTION"

@@ -43,8 +43,8 @@ from sr.worker import timing
 
 if TYPE_CHECKING:
     from sr.config.schema import Deployment
-    from sr.pool.supervisor import ReplicaScrape
     from sr.pool.views import Inventory
+    from sr.pool.worker_exchange import ReplicaScrape
 
 METRICS_CONTENT_TYPE = exposition.CONTENT_TYPE
 LATENCY_BUCKETS_S = (

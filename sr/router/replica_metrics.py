@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the router's front end does not import the pool at run time
-    from sr.pool.supervisor import ReplicaScrape
+    from sr.pool.worker_exchange import ReplicaScrape
 
 REPLICA_SCRAPE_TIMEOUT_S = 1.0
 RENAMED = {

@@ -9,7 +9,7 @@ import platform
 
 import sr
 from sr.config.schema import Deployment, Replica, SrConfig
-from sr.pool.supervisor import ReplicaScrape
+from sr.pool.worker_exchange import ReplicaScrape
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
