@@ -45,6 +45,7 @@ _JSON = (b"content-type", b"application/json")
 _LINGER_S = 1.0
 _ANSWERED_AT_ONCE = frozenset({"GET", "HEAD"})
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
+_BODY_END = {"type": "http.request", "body": b"", "more_body": False}
 
 
 def error_answer(error: RequestError) -> Response:
@@ -164,7 +165,7 @@ class Connection:
                 body = b""  # llhttp ends a bodiless request with its head: no read, no timer
             else:
                 body = await read_body(
-                    self._next_body_chunk, request.body_length,
+                    self._next_body_message, request.body_length,
                     self.limits.max_body_bytes, self.limits.body_timeout_s,
                 )  # fmt: skip
         except RequestError as error:  # malformed, too large, too slow
@@ -198,15 +199,16 @@ class Connection:
             await self.send_answer(*server.crash_answer)
         return True
 
-    async def _next_body_chunk(self) -> tuple[bytes, bool]:
-        """sr.http.body's source for the handler path: the parser's body events."""
+    async def _next_body_message(self) -> dict:
+        """sr.http.body's source for the handler path: the parser's body events, as the
+        ASGI messages that reader takes."""
         http = self.http
         while True:
             event = http.next_event()
             if type(event) is bytes:
-                return event, True
+                return {"body": event, "more_body": True, "type": "http.request"}
             if event is END:
-                return b"", False
+                return _BODY_END
             if event is not NEED_DATA:  # closed before the body was complete
                 raise PeerGone()
             await self.send_continue_if_awaited()  # about to wait for the body
@@ -245,7 +247,7 @@ class Connection:
         """Write the answer to the current request, whole (sr.http.connection frames it);
         it closes the connection while the server shuts down. InvalidAnswer, with nothing
         written, if the head cannot be written as given."""
-        data = self.http.answer(status, headers, body, length=length, close=self.stopping)
+        data = self.http.answer(status, headers, body, length=length, close=self._server.stopping)
         await self._write(data)
 
     async def _write(self, data: bytes) -> None:
