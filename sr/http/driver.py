@@ -90,7 +90,7 @@ class Connection:
 
     async def serve(self) -> None:
         # One scope for the connection's life, which the hang-up poller cancels when the
-        # caller hangs up while the handler runs (_call_handler): the connection is over
+        # caller hangs up while the handler runs (_answer): the connection is over
         # then anyway, and a scope per request cost the worker 10-30 us (bench/narrative.md).
         with trio.CancelScope() as self._hang_up_scope:
             await self._serve_requests()
