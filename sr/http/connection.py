@@ -195,6 +195,19 @@ class ServerConnection:
             self.request = event
         return event
 
+    def take_complete_body(self) -> bytes | None:
+        """The current request's whole body, if it is already parsed to its end in one piece
+        (a small body that came with its head, or none): taken, and the caller side is DONE.
+        None, with nothing taken, otherwise; then read it event by event."""
+        if self.caller is not State.SEND_BODY:
+            return None
+        body = self._parser.take_whole_body()
+        if body is not None:
+            self.caller = _CALLER_MOVES[self.caller].get(_Move.END) or _illegal(
+                Side.CALLER, self.caller, _Move.END
+            )
+        return body
+
     @property
     def request_complete(self) -> bool:
         """The current request's body was read to its end."""

@@ -161,9 +161,11 @@ class Connection:
         if server.adapter is not None:
             return await server.adapter.answer(self, request, method, path)
         try:
-            if request.body_length == 0 and self.http.next_event() is END:
-                body = b""  # llhttp ends a bodiless request with its head: no read, no timer
-            else:
+            # A body of declared length within the cap that is already here whole (the usual
+            # small JSON body, or none) is taken at once: no coroutine, no timer (about
+            # 50,000 instructions of a worker's request, bench.bench_instructions).
+            fits = 0 <= request.body_length <= self.limits.max_body_bytes
+            if not fits or (body := self.http.take_complete_body()) is None:
                 body = await read_body(
                     self._next_body_message, request.body_length,
                     self.limits.max_body_bytes, self.limits.body_timeout_s,
