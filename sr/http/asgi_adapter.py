@@ -196,6 +196,9 @@ class _Exchange:
                 self.gone = True
                 return _DISCONNECT
         http = self.connection.http
+        body = http.take_complete_body()  # the usual case: the rest of the body is here whole
+        if body is not None:
+            return {"type": "http.request", "body": body, "more_body": False}
         chunks: list[bytes] = []
         while True:
             try:
