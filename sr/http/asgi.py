@@ -14,6 +14,7 @@ from typing import Any
 
 from sr.errors import InvalidRequest, RequestError
 from sr.http import body as body_reader
+from sr.http.body import ClientDisconnected
 from sr.http.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -23,9 +24,7 @@ DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES
 BODY_READ_TIMEOUT_S = BODY_TIMEOUT_S
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
-
-class ClientDisconnected(Exception):
-    """The caller closed the connection before its request body was complete."""
+__all__ = ["ClientDisconnected", "read_body", "request_headers", "send_error", "send_json"]
 
 
 def request_headers(scope: dict[str, Any], *names: bytes) -> list[bytes | None]:
@@ -54,14 +53,7 @@ async def read_body(
             declared = int(content_length)
         except ValueError:
             raise InvalidRequest("Content-Length header is not an integer") from None
-
-    async def next_chunk() -> tuple[bytes, bool]:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        return message.get("body", b""), message.get("more_body", False)
-
-    return await body_reader.read_body(next_chunk, declared, max_bytes, timeout_s)
+    return await body_reader.read_body(receive, declared, max_bytes, timeout_s)
 
 
 async def serve_lifespan(receive: Receive, send: Send) -> None:

@@ -30,7 +30,7 @@ import trio
 
 from sr.errors import RequestError
 from sr.http import hang_up
-from sr.http.connection import CLOSED, END, NEED_DATA
+from sr.http.connection import CLOSED, END, NEED_DATA, State
 from sr.http.driver import Connection, PeerGone, Response, error_answer
 from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
@@ -164,7 +164,7 @@ class _Exchange:
     @property
     def body_done(self) -> bool:
         """The request body was read to its end (the connection notes it as it parses)."""
-        return self.connection.http.request_complete
+        return self.connection.http.caller is State.DONE
 
     def watch_for_hang_up(self, scope: trio.CancelScope) -> Callable[[], None]:
         """The `sr.hang_up` extension: cancel `scope` if the caller hangs up (noticed by
@@ -189,13 +189,16 @@ class _Exchange:
             return _DISCONNECT
         if self.body_done:
             return await self._wait_for_hang_up()
-        if not self.finished:
+        if self.request.expects_continue and not self.finished:
             try:
                 await self.connection.send_continue_if_awaited()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.gone = True
                 return _DISCONNECT
         http = self.connection.http
+        body = http.take_complete_body()  # the usual case: the rest of the body is here whole
+        if body is not None:
+            return {"type": "http.request", "body": body, "more_body": False}
         chunks: list[bytes] = []
         while True:
             try:
@@ -296,7 +299,7 @@ class _Exchange:
         body has already arrived (a GET has none), drop it, so that the connection can
         carry the next request instead of closing."""
         http = self.connection.http
-        while not http.request_complete:
+        while http.caller is not State.DONE:  # the body is not read to its end
             try:
                 event = http.next_event()
             except RequestError:

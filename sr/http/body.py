@@ -1,5 +1,5 @@
 """Reading a whole request body, capped in size and in time: the one body reader of the HTTP
-stack. The worker's handler path (sr.http.server) and the router's ASGI app
+stack. The worker's handler path (sr.http.driver) and the router's ASGI app
 (sr.http.asgi.read_body) both read through it, each with the cap and timeout of its
 `HttpLimits` (sr.http.limits): RequestTooLarge (413) as soon as the declared length or the
 bytes read exceed the cap, BodyReadTimeout (408) when the body is not complete in time.
@@ -13,19 +13,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
 from sr.errors import BodyReadTimeout, RequestTooLarge
 
-# One piece of a body and whether more follows (b"", False: the body is complete).
-NextChunk = Callable[[], Awaitable[tuple[bytes, bool]]]
+# The body's pieces come as ASGI `http.request` messages ({"body": ..., "more_body": ...};
+# `http.disconnect` when the caller left): the router's app reads its ASGI `receive` as is,
+# and the worker's handler path (sr.http.driver) hands its parser's chunks over in the same
+# shape, so neither pays for a translation layer on every request.
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class ClientDisconnected(Exception):
+    """The caller closed the connection before its request body was complete."""
 
 
 async def read_body(
-    next_chunk: NextChunk, declared: int | None, max_bytes: int, timeout_s: float
+    receive: Receive, declared: int | None, max_bytes: int, timeout_s: float
 ) -> bytes:
-    """The whole body from `next_chunk()`; `declared` is its announced length, if any.
+    """The whole body from `receive()`; `declared` is its announced length, if any.
     `timeout_s` of 0 or less: no timeout."""
     if declared is not None and declared > max_bytes:
         raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
@@ -33,12 +41,15 @@ async def read_body(
     size = 0
     with trio.move_on_after(timeout_s if timeout_s > 0 else math.inf):
         while True:
-            chunk, more = await next_chunk()
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
             if chunk:
                 size += len(chunk)
                 if size > max_bytes:
                     raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
                 chunks.append(chunk)
-            if not more:
+            if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     raise BodyReadTimeout(f"request body not complete within {timeout_s:g}s")

@@ -33,7 +33,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar, Final
+from typing import ClassVar, Final, NoReturn
 
 from sr.errors import RequestError
 from sr.http.framing import answer_framing
@@ -127,13 +127,15 @@ _TRANSITIONS: dict[Side, dict[State, dict[_Move, State]]] = {
 del S, M
 
 
-def _next_state(side: Side, state: State, move: _Move) -> State:
-    """The one place a state changes: by `_TRANSITIONS`, or ConnectionStateError (rule 6)."""
-    new = _TRANSITIONS[side][state].get(move)
-    if new is None:
-        shown = f"{side.name.lower()} side in {state.name}"
-        raise ConnectionStateError(f"{shown} cannot take {move.name}")
-    return new
+_CALLER_MOVES = _TRANSITIONS[Side.CALLER]
+_SERVER_MOVES = _TRANSITIONS[Side.SERVER]
+
+
+def _illegal(side: Side, state: State, move: _Move) -> NoReturn:
+    """A move `_TRANSITIONS` does not allow (rule 6). Every state change reads the table
+    in place, `_TRANSITIONS[side][state].get(move) or _illegal(...)`: no call on the way
+    that succeeds, since one runs several times per request."""
+    raise ConnectionStateError(f"{side.name.lower()} side in {state.name} cannot take {move.name}")
 
 
 class ConnectionStateError(Exception):
@@ -168,20 +170,43 @@ class ServerConnection:
         try:
             event = self._parser.next_event()
         except RequestError:
-            self._move_caller(_Move.UNPARSABLE)
+            self.caller = _CALLER_MOVES[self.caller].get(_Move.UNPARSABLE) or _illegal(
+                Side.CALLER, self.caller, _Move.UNPARSABLE
+            )
             raise
         if type(event) is bytes or event is NEED_DATA:
             return event  # no move: the fast path of a body and of a read that must wait
         if event is END:
-            self._move_caller(_Move.END)
+            self.caller = _CALLER_MOVES[self.caller].get(_Move.END) or _illegal(
+                Side.CALLER, self.caller, _Move.END
+            )
         elif event is CLOSED:
             if self.caller is not State.CLOSED and self.caller is not State.ERROR:
-                self._move_caller(_Move.EOF)
+                self.caller = _CALLER_MOVES[self.caller].get(_Move.EOF) or _illegal(
+                    Side.CALLER, self.caller, _Move.EOF
+                )
         else:
-            self._move_caller(_Move.HEAD)
-            self._move_server(_Move.HEAD)
+            self.caller = _CALLER_MOVES[self.caller].get(_Move.HEAD) or _illegal(
+                Side.CALLER, self.caller, _Move.HEAD
+            )
+            self.server = _SERVER_MOVES[self.server].get(_Move.HEAD) or _illegal(
+                Side.SERVER, self.server, _Move.HEAD
+            )
             self.request = event
         return event
+
+    def take_complete_body(self) -> bytes | None:
+        """The current request's whole body, if it is already parsed to its end in one piece
+        (a small body that came with its head, or none): taken, and the caller side is DONE.
+        None, with nothing taken, otherwise; then read it event by event."""
+        if self.caller is not State.SEND_BODY:
+            return None
+        body = self._parser.take_whole_body()
+        if body is not None:
+            self.caller = _CALLER_MOVES[self.caller].get(_Move.END) or _illegal(
+                Side.CALLER, self.caller, _Move.END
+            )
+        return body
 
     @property
     def request_complete(self) -> bool:
@@ -204,7 +229,9 @@ class ServerConnection:
             or self._parser.has_pending()  # some of the body is here: it was not held back
         ):
             return None
-        self._move_server(_Move.CONTINUE)
+        self.server = _SERVER_MOVES[self.server].get(_Move.CONTINUE) or _illegal(
+            Side.SERVER, self.server, _Move.CONTINUE
+        )
         self._continue_sent = True
         return CONTINUE
 
@@ -227,14 +254,19 @@ class ServerConnection:
         assert self.request is not None
         close = close or not self.request.keep_alive or self.caller is not State.DONE
         data = self._framed(self.request.method, status, headers, body, length, close)
-        self._move_server(_Move.LAST_ANSWER if close else _Move.ANSWER)
+        move = _Move.LAST_ANSWER if close else _Move.ANSWER
+        self.server = _SERVER_MOVES[self.server].get(move) or _illegal(
+            Side.SERVER, self.server, move
+        )
         return data
 
     def refusal(self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
         """The bytes of an answer to a request that cannot be served (rule 5): unparsable,
         over a limit, too slow. The connection closes after it."""
         data = self._framed(b"", status, headers, body, None, True)
-        self._move_server(_Move.REFUSAL)
+        self.server = _SERVER_MOVES[self.server].get(_Move.REFUSAL) or _illegal(
+            Side.SERVER, self.server, _Move.REFUSAL
+        )
         return data
 
     @property
@@ -255,13 +287,6 @@ class ServerConnection:
         self.caller = self.server = State.IDLE
         self.request = None
         self._continue_sent = False
-
-    # -- moves, by the table -------------------------------------------------------------------
-    def _move_caller(self, move: _Move) -> None:
-        self.caller = _next_state(Side.CALLER, self.caller, move)
-
-    def _move_server(self, move: _Move) -> None:
-        self.server = _next_state(Side.SERVER, self.server, move)
 
     @staticmethod
     def _framed(

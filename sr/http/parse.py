@@ -149,6 +149,19 @@ class RequestParser:
             raise event
         return event
 
+    def take_whole_body(self) -> bytes | None:
+        """The current request's body and its END, taken, when both are the next events
+        (a body parsed in one piece, or none); None, with nothing taken, otherwise."""
+        events = self._events
+        if events and events[0] is END:
+            events.popleft()
+            return b""
+        if len(events) > 1 and type(events[0]) is bytes and events[1] is END:
+            body = events.popleft()
+            events.popleft()
+            return body
+        return None
+
     def has_pending(self) -> bool:
         """Whether parsed events are waiting (for the current or a pipelined request)."""
         return bool(self._events)

@@ -106,3 +106,15 @@ def test_head_answers_declare_the_length_and_carry_no_body():
     events(connection)
     data = connection.answer(200, [], b"", length=7)
     assert b"content-length: 7\r\n" in data and data.endswith(b"\r\n\r\n")
+
+
+def test_a_body_parsed_whole_is_taken_at_once_and_a_partial_one_is_left():
+    whole = ServerConnection(16384)
+    whole.receive_data(POST)
+    assert isinstance(whole.next_event(), RequestHead)
+    assert whole.take_complete_body() == b"abc" and whole.request_complete
+    partial = ServerConnection(16384)
+    partial.receive_data(POST[:-1])
+    assert isinstance(partial.next_event(), RequestHead)
+    assert partial.take_complete_body() is None  # "ab" is here, "c" is not: nothing taken
+    assert partial.next_event() == b"ab" and not partial.request_complete
