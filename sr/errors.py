@@ -65,7 +65,7 @@ CLI's one-line exit, the reloader's 409) must not swallow one by accident.
                                            a move the connection's state table forbids: a
                                            bug in its driver, never caught
     sr.http.driver.PeerGone                the peer closed the connection: stop serving it
-    sr.http.asgi.ClientDisconnected        the caller hung up before its body arrived: no
+    sr.http.body.ClientDisconnected        the caller hung up before its body arrived: no
                                            answer is written (sr.router.app)
     sr.http.sockio.SendTimeout             the peer did not read our answer in time (a
                                            trio.BrokenResourceError: the connection is dropped)
