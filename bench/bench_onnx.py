@@ -1,7 +1,7 @@
 """sr against ONNX Runtime on the embedded MiniLM, at equal threads, sides alternating.
 
     python -m bench.bench_onnx [--threads 1 2] [--rounds 5] [--singles 30] [--no-serve]
-        [--no-bf16] [--graphs fused plain]
+        [--no-bf16] [--graphs fused plain] [--isolate]
 
 The ONNX model is made here, in a temporary folder, from the same weights sr serves:
 transformers' BertModel (eager attention) + sentence-transformers' mean pooling + L2
@@ -28,6 +28,9 @@ Sides, per thread count N, alternating round by round (the order rotates):
   * ort_fused, ort_plain: tokenize, pad, `session.run`.
 Cases: (a) 32 medium (~120-token) texts in one call / one request: throughput (texts/s) and
 CPU per text; (b) one short (~10-token) text and (c) one medium text: latency (median ms).
+With --isolate, sr, sr_bf16 and each ORT graph run in a process of their own, fed over a
+pipe (the check of agreement still runs in this one): at 2 threads on a 2-core host an ORT
+session's pool threads spin after each run and, in one process, take the next side's core.
 Ratios are sr over the faster ORT graph of the case (`best_ort`), per adjacent pair
 (`paired`, steadier on a busy host) and of the medians.
 Before timing, sr's and ORT's vectors of 200 varied texts and of the batch are compared
@@ -289,6 +292,77 @@ def in_process(fn: Callable[[list[str]], object]) -> Side:
     return Side(embed, time.process_time)
 
 
+# With --isolate, the untimed pause before each side's run: a process's idle pool threads
+# (ORT's spin after a run; libgomp's after a parallel region) stop spinning well within it.
+SETTLE_S = 0.1
+
+
+class ChildSide:
+    """A side in a process of its own (`--isolate`): on a 2-core host an ORT session's pool
+    threads spin after each run, and in one process they take the second core from the
+    next side's run. The child embeds what it is sent and answers its own CPU seconds."""
+
+    def __init__(self, spec: dict):
+        import os
+        import subprocess
+        import sys
+
+        env = dict(os.environ)
+        env.setdefault("GOMP_SPINCOUNT", "1000")  # as sr's pool sets it for its workers
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_onnx", "--child", json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.cpu = 0.0
+        self._exchange({"ping": True})  # loaded and ready before any timing
+
+    def _exchange(self, message: dict) -> dict:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"bench child {self.process.args[-1]} died")
+        return json.loads(line)
+
+    def side(self) -> Side:
+        async def embed(texts: list[str]) -> None:
+            # Blocking on purpose: sides run one at a time, and a thread hop would be timed.
+            self.cpu += self._exchange({"texts": texts})["cpu"]
+
+        return Side(embed, lambda: self.cpu)
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+def child_main(spec: dict) -> None:
+    """The child of a ChildSide: load the side's engine, then embed each line's texts."""
+    import sys
+
+    torch.set_num_threads(spec["threads"])
+    if spec["kind"] == "ort":
+        embed = OrtEmbedder(
+            Path(spec["path"]), spec["threads"], tokenizer_folder=Path(spec["folder"]),
+            max_length=spec["limit"],
+        ).embed_texts  # fmt: skip
+    else:
+        from sr.models import load_model
+
+        model = load_model(Path(spec["folder"]), dtype=spec["dtype"])
+        model.calibrate_threads()
+        embed = engine_embed(model, spec["limit"])
+    for line in sys.stdin:
+        message = json.loads(line)
+        cpu = time.process_time()
+        if "texts" in message:
+            embed(message["texts"])
+        sys.stdout.write(json.dumps({"cpu": time.process_time() - cpu}) + "\n")
+        sys.stdout.flush()
+
+
 def served(client, serve: ServeProcess) -> Side:
     async def embed(texts: list[str]) -> None:
         payload = texts[0] if len(texts) == 1 else texts
@@ -301,10 +375,11 @@ def served(client, serve: ServeProcess) -> Side:
 
 
 async def alternate(
-    sides: dict[str, Side], make_texts: Callable[[int], list[str]], runs: int
+    sides: dict[str, Side], make_texts: Callable[[int], list[str]], runs: int, settle_s: float = 0
 ) -> dict[str, dict[str, list[float]]]:
     """Wall and CPU seconds of `runs` rounds; every side embeds the round's texts, in an
-    order that rotates round by round."""
+    order that rotates round by round. `settle_s` (untimed) before each side's run lets
+    the previous side's pool threads stop spinning."""
     names = list(sides)
     out = {name: {"wall": [], "cpu": []} for name in names}
     for i in range(runs):
@@ -312,6 +387,8 @@ async def alternate(
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
             side = sides[name]
+            if settle_s:
+                time.sleep(settle_s)
             cpu = side.cpu_seconds()
             started = time.perf_counter()
             await side.embed(texts)
@@ -353,8 +430,9 @@ async def measure(sides: dict[str, Side], tokenizer, args, serial: list[int]) ->
     }
     out = {}
     for case, (make, runs, count) in cases.items():
-        await alternate(sides, make, max(2, runs // 5))  # warm-up
-        samples = await alternate(sides, make, runs)
+        settle_s = SETTLE_S if args.isolate else 0
+        await alternate(sides, make, max(2, runs // 5), settle_s)  # warm-up
+        samples = await alternate(sides, make, runs, settle_s)
         entry = {name: _stats(s, count) for name, s in samples.items()}
         ort = [name for name in sides if name.startswith("ort_")]
         best = min(ort, key=lambda name: entry[name]["median_ms"])
@@ -417,7 +495,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--graphs", nargs="+", choices=GRAPHS, default=list(GRAPHS), help="ORT sides to run"
     )
     parser.add_argument("--out", default="onnx", help="bench/results/<OUT>.json")
+    parser.add_argument(
+        "--isolate", action="store_true",
+        help="run sr and each ORT graph in a process of its own (no shared cores' spinning)",
+    )  # fmt: skip
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child is not None:
+        child_main(json.loads(args.child))
+        return {}
 
     import onnxruntime
 
@@ -459,6 +545,17 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 sides["sr_bf16"] = in_process(engine_embed(model_bf16, limit))
             sides.update({f"ort_{name}": in_process(e.embed_texts) for name, e in ort.items()})
+            children: list[ChildSide] = []
+            if args.isolate:
+                # the same engines, each in a process of its own (checked above in this one)
+                base = {"threads": threads, "folder": str(folder), "limit": limit}
+                specs = {"sr": {**base, "kind": "sr", "dtype": "float32"}}
+                if model_bf16 is not None:
+                    specs["sr_bf16"] = {**base, "kind": "sr", "dtype": "bfloat16"}
+                for name, e in exported.items():
+                    specs[f"ort_{name}"] = {**base, "kind": "ort", "path": str(e.path)}
+                children = [ChildSide(spec) for spec in specs.values()]
+                sides = {name: child.side() for name, child in zip(specs, children, strict=True)}
 
             async def run(sides=sides, threads=threads) -> dict:
                 if not args.serve:
@@ -475,7 +572,11 @@ def main(argv: list[str] | None = None) -> dict:
                     finally:
                         await client.aclose()
 
-            cases = trio.run(run)
+            try:
+                cases = trio.run(run)
+            finally:
+                for child in children:
+                    child.close()
             entry = {"threads": threads, "agreement": check, "cases": cases}
             if bf16 is not None:
                 # apart from `agreement`: bfloat16 is not the same function to the bit
@@ -506,6 +607,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rounds": args.rounds,
         "singles": args.singles,
         "serve": args.serve,
+        "isolated": args.isolate,
         "wall_s": round(time.perf_counter() - started, 1),
         "by_threads": by_threads,
     }
