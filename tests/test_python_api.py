@@ -365,12 +365,25 @@ def doc_programs() -> list[str]:
     return programs
 
 
+SEAMS = """\
+from sr.pool.supervisor import Supervisor
+from sr.router.app import SupervisorLike
+
+
+def front_end_core(core: Supervisor) -> SupervisorLike:
+    return core
+"""
+
+
 def test_the_example_passes_mypy_strict_and_a_wrong_use_fails(tmp_path):
     wrong = tmp_path / "wrong_use.py"
     wrong.write_text(WRONG_USE)
     docs = [tmp_path / f"doc_program_{i}.py" for i in range(2)]
     for path, program in zip(docs, doc_programs(), strict=True):
         path.write_text(program)
+    # The seam between pool and front end: the Supervisor is what the front end may be given.
+    seams = tmp_path / "seams.py"
+    seams.write_text(SEAMS)
     expected = {
         (number, line.split("# E: ")[1])
         for number, line in enumerate(WRONG_USE.splitlines(), start=1)
@@ -379,7 +392,8 @@ def test_the_example_passes_mypy_strict_and_a_wrong_use_fails(tmp_path):
     # follow-imports=silent: sr's other modules are read for their types but their own
     # findings are not reported, as for any installed package (docs/python-api.md).
     command = [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent"]
-    command += ["--no-error-summary", EXAMPLE, *TYPED_MODULES, *map(str, docs), str(wrong)]
+    command += ["--no-error-summary", EXAMPLE, *TYPED_MODULES, *map(str, docs), str(seams)]
+    command += [str(wrong)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     errors = [line for line in result.stdout.splitlines() if ": error: " in line]
     found = set()

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -69,6 +69,9 @@ from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
 from sr.worker import timing as worker_timing
 
+if TYPE_CHECKING:
+    from sr.pool.deployment import Reply
+
 NATIVE_ROUTES = frozenset(
     {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
 )
@@ -88,13 +91,6 @@ _OUTCOME_BY_CODE = {
 _log = logging.getLogger("sr.events")
 
 
-class Reply(Protocol):
-    status: int
-    headers: Any
-    body: bytes
-    replica_id: str
-
-
 class SupervisorLike(WorkerPoster, Protocol):
     """The part of sr.pool's Supervisor the front end uses (`post_to_worker`: the fault
     route's)."""
@@ -105,6 +101,7 @@ class SupervisorLike(WorkerPoster, Protocol):
         deployment: str,
         path: str,
         body: bytes,
+        *,
         timeout_s: float | None = None,
         request_id: str | None = None,
     ) -> Reply: ...
