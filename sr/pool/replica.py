@@ -45,7 +45,13 @@ from sr.pool.forked import (
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import HEALTH_STATUS, TERMINAL_EARLY_EXITS, ReplicaState
-from sr.pool.transport import HttpTransport, InProcessTransport, Transport, TransportError
+from sr.pool.transport import (
+    HttpTransport,
+    HttpxTransport,
+    InProcessTransport,
+    Transport,
+    TransportError,
+)
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
 from sr.settings import Settings, read_process_settings
 
@@ -433,7 +439,7 @@ _ATTACHED_SLOW = frozenset({S.FAILED, S.INCOMPATIBLE, S.UNREACHABLE})
 
 
 def _http_endpoint(url: str) -> Transport:
-    return HttpTransport(base_url=url)
+    return HttpxTransport(base_url=url)
 
 
 def _still_learning(card: dict | None) -> bool:

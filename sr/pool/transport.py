@@ -1,9 +1,12 @@
 """How the pool talks to one worker: a small interface with two implementations.
 
-* `HttpTransport` — HTTP/1.1 (sr.http.client, a strict client over trio) over a Unix
-  socket (managed workers) or to a base URL (attached workers), kept-alive connections per
-  replica. `HttpxTransport` is the same over httpx, kept for benchmarks: docs/benchmarks.md
-  measures both on the router-to-worker hop.
+* `HttpTransport` — managed workers: HTTP/1.1 over their Unix socket with sr.http.client
+  (a strict client over trio, a third of httpx's CPU per hop: docs/benchmarks.md),
+  kept-alive connections per replica.
+* `HttpxTransport` — attached workers (a base URL, which may be https): httpx, for its TLS;
+  `api_key` is sent as `Authorization: Bearer`, `ssl_context` verifies the certificate and
+  `tls_server_name` is the name it must carry (and the SNI sent) when that is not the URL's
+  host: a discovered worker is dialled by address but holds its service's certificate.
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
 Deadlines are not the transport's business: the caller's cancel scope bounds the exchange.
@@ -37,50 +40,24 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    """Managed workers (`uds`): sr.http.client. Attached workers (`base_url`, which may be
-    https): httpx, whose TLS support the small client does not have. `api_key` is sent as
-    `Authorization: Bearer` on every exchange; `ssl_context` verifies https workers (None:
-    httpx's default, the certifi bundle); `tls_server_name`, when given, is the name the
-    certificate must carry (and the SNI sent) instead of the URL's host: a discovered
-    worker is dialled by address but holds a certificate for the service's name."""
+    """A managed worker over its Unix socket: sr.http.client, kept-alive connections."""
 
-    def __init__(
-        self,
-        *,
-        uds: str | None = None,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        tls_server_name: str | None = None,
-    ) -> None:
-        self._pool: Http1Pool | None = None
-        self._httpx: HttpxTransport | None = None
-        if uds is not None:
-            self._pool = Http1Pool(uds=uds)
-        else:
-            self._httpx = HttpxTransport(
-                base_url=base_url,
-                api_key=api_key,
-                ssl_context=ssl_context,
-                tls_server_name=tls_server_name,
-            )
+    def __init__(self, *, uds: str) -> None:
+        self._pool = Http1Pool(uds=uds)
 
     async def exchange(
         self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
     ) -> tuple[int, dict[str, str], bytes]:
-        if self._pool is not None:
-            return await self._pool.request(method, path, body, request_id=request_id)
-        assert self._httpx is not None
-        return await self._httpx.exchange(method, path, body, request_id=request_id)
+        return await self._pool.request(method, path, body, request_id=request_id)
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            await self._pool.aclose()
-        if self._httpx is not None:
-            await self._httpx.aclose()
+        await self._pool.aclose()
 
 
 class HttpxTransport:
+    """An attached worker at `base_url` (module docstring); `uds` only for the benchmark
+    that measures httpx against sr's client on the same socket (bench/bench_transport.py)."""
+
     def __init__(
         self,
         *,

@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 
 from sr.config.schema import Replica, SrConfig
-from sr.pool.transport import HttpTransport, Transport
+from sr.pool.transport import HttpxTransport, Transport
 
 
 class AccessError(Exception):
@@ -42,7 +42,7 @@ class WorkerAccess:
         is the name their certificates must carry when it is not the URL's host."""
 
         def connect(base_url: str) -> Transport:
-            return HttpTransport(
+            return HttpxTransport(
                 base_url=base_url,
                 api_key=self.api_key,
                 ssl_context=self.ssl_context,
