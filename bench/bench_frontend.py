@@ -4,8 +4,8 @@
     python -m bench.bench_frontend [--requests 20000]
 
 No sockets and no HTTP server: this isolates what sr/router/app.py itself spends on a native
-request (header scan, body read, JSON parse and rewrite, metrics, the watch for a caller
-hanging up, the answer rewrite). Two modes: as sr's server serves it (the `sr.http.hang_up`
+request (header scan, body read, JSON parse, metrics, the watch for a caller
+hanging up). Two modes: as sr's server serves it (the `sr.http.hang_up`
 extension registers each dispatch with the server's poller) and as any other ASGI server
 would (no extension: a watcher task in a nursery per request). Prints microseconds per
 request; writes bench/results/frontend.json.

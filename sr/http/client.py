@@ -80,13 +80,21 @@ class Http1Pool:
         self.connections_opened = 0  # for tests and benchmarks: reuse is observable
 
     async def request(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """One exchange. `request_id` (visible ASCII, checked by the router's front end)
-        travels as `x-request-id`, so the worker's log lines and errors carry it."""
+        travels as `x-request-id`, so the worker's log lines and errors carry it;
+        `deployment` (a deployment name: config-checked) as `x-sr-deployment`
+        (sr.worker.served_as)."""
         if self._closed:
             raise ConnectFailed("client is closed")
-        wire = self._request_bytes(method, path, body, request_id)
+        wire = self._request_bytes(method, path, body, request_id, deployment)
         conn, reused = await self._checkout()
         try:
             # sockio's calls are no cancel points: a dispatch cancelled by now (its caller
@@ -113,7 +121,12 @@ class Http1Pool:
         return status, headers, body
 
     def _request_bytes(
-        self, method: str, path: str, body: bytes, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> bytes:
         prefix = self._heads.get((method, path))
         if prefix is None:
@@ -127,6 +140,8 @@ class Http1Pool:
                 self._heads[(method, path)] = prefix
         if request_id is not None:
             prefix = b"%sx-request-id: %s\r\n" % (prefix, request_id.encode("ascii"))
+        if deployment is not None:
+            prefix = b"%sx-sr-deployment: %s\r\n" % (prefix, deployment.encode("ascii"))
         if body:
             return b"%scontent-length: %d\r\ncontent-type: application/json\r\n\r\n%s" % (
                 prefix, len(body), body)  # fmt: skip

@@ -125,7 +125,7 @@ class DeploymentPool:
             with trio.move_on_at(deadline) as scope:
                 try:
                     status, headers, payload = await transport.exchange(
-                        "POST", path, body, request_id=request_id
+                        "POST", path, body, request_id=request_id, deployment=self.name
                     )
                 except TransportError as error:
                     outcome = outcome_of_transport_error(error)

@@ -9,7 +9,9 @@
   host: a discovered worker is dialled by address but holds its service's certificate.
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
-Deadlines are not the transport's business: the caller's cancel scope bounds the exchange.
+A request carries the router's request id and the deployment it is served for (the
+worker's `model` check, sr.worker.served_as). Deadlines are not the transport's business:
+the caller's cancel scope bounds the exchange.
 A transport raises a `sr.errors.TransportError` of the phase that failed (ConnectFailed,
 WriteFailed, ReadFailed) for anything that is not an HTTP answer: sr.http.client raises
 them itself, httpx's errors are translated here (`_phase_error`), and sr.pool.outcome maps
@@ -33,7 +35,13 @@ JSON_HEADERS = {"content-type": "application/json"}
 
 class Transport(Protocol):
     async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -46,9 +54,17 @@ class HttpTransport:
         self._pool = Http1Pool(uds=uds)
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        return await self._pool.request(method, path, body, request_id=request_id)
+        return await self._pool.request(
+            method, path, body, request_id=request_id, deployment=deployment
+        )
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -79,11 +95,19 @@ class HttpxTransport:
         )
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         headers = dict(JSON_HEADERS) if body else {}
         if request_id is not None:
             headers["x-request-id"] = request_id
+        if deployment is not None:
+            headers["x-sr-deployment"] = deployment
         try:
             response = await self._client.request(
                 method,
@@ -133,10 +157,16 @@ class InProcessTransport:
         self._service = service
 
     async def exchange(
-        self, method: str, path: str, body: bytes = b"", *, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         status, headers, payload = await self._service.handle(
-            method, path, body, request_id=request_id
+            method, path, body, request_id=request_id, deployment=deployment
         )
         return status, _header_dict(headers), payload
 

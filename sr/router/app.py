@@ -1,8 +1,8 @@
 """The router's HTTP front end: one plain ASGI callable (SPEC section 8).
 
 Native routes parse the JSON body once, check `model`, pick the deployment, and hand the
-caller's bytes to the pool (`Supervisor.request_raw`) with `model` renamed to the artifact
-in place; the worker's answer comes back as bytes, `model` renamed back (sr.router.rewrite).
+caller's bytes to the pool (`Supervisor.request_raw`) untouched; the worker's answer comes
+back as bytes, untouched too (the worker settles `model`: sr.worker.served_as).
 The pool's typed errors become the wire errors of `sr.errors`; a worker's own 4xx passes
 through.
 TEI's routes (sr.router.tei) take the same path through another front (sr.router.front):
@@ -284,7 +284,6 @@ class RouterApp:
             request = front.parse(raw)
             deployment = self._deployment_for(request.model)
             scope[DEPLOYMENT_SCOPE_KEY] = deployment
-            artifact = self._artifacts.get(deployment, request.model or deployment)
             key = None
             if self.cache.enabled_for(deployment):
                 key = cache_key(request.route, request.body)
@@ -292,10 +291,10 @@ class RouterApp:
                 if cached is not None:
                     outcome = "cached"
                     self.metrics.cache_hits.labels(deployment).inc()
-                    answer = front.answer(request, cached, artifact)
+                    answer = front.answer(request, cached)
                     await send_response(send, 200, answer, [(REPLICA_HEADER, b"cache")])
                     return
-            forward = front.forward(request, raw, artifact)
+            forward = front.forward(request, raw)
             reply = await self._dispatch(
                 scope, receive, deployment, request.route, forward, timeout_s
             )
@@ -307,7 +306,7 @@ class RouterApp:
                 self.cache.put(deployment, key, status, answer)
             if 200 <= status < 300:
                 outcome = "ok"
-                answer = front.answer(request, answer, artifact)
+                answer = front.answer(request, answer)
                 self.metrics.observe_reply(deployment, route, reply.headers)
             else:
                 status, answer = front.worker_error(request, status, answer)

@@ -2,11 +2,12 @@
 
 A deterministic encoder gives the same answer to the same request, so a single-worker
 deployment can answer repeats without a forward. The key is the route plus the canonical
-JSON of the body without `model` (callers may name the deployment or its artifact) and
-without any deadline (that travels in a header). Only 200 answers are kept. Any change of
-the deployment's readiness clears its entries, because a restarted or replaced worker may
-hold different weights. Multi-replica deployments bypass the cache: each worker keeps its
-own, and a router-side copy would hide which replica answered.
+JSON of the body the worker gets, `model` included: the answer names what the request
+named (the deployment or its artifact, sr.worker.served_as), so the two names are two
+entries. A deadline travels in a header and is not part of it. Only 200 answers are kept.
+Any change of the deployment's readiness clears its entries, because a restarted or
+replaced worker may hold different weights. Multi-replica deployments bypass the cache:
+each worker keeps its own, and a router-side copy would hide which replica answered.
 
 Pure: no I/O and no clock.
 """
@@ -36,9 +37,8 @@ def result_cache_entries_from_env(environ: Mapping[str, str]) -> int:
 
 
 def cache_key(path: str, body: dict[str, Any]) -> str:
-    """The route plus the canonical JSON of the body minus `model`."""
-    content = {k: v for k, v in body.items() if k != "model"}
-    return path + "\n" + json.dumps(content, sort_keys=True, separators=(",", ":"))
+    """The route plus the canonical JSON of the body."""
+    return path + "\n" + json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 class ResultCache:

@@ -6,12 +6,16 @@ differs between API families is only at the edges, and a front holds exactly tha
 
 - `parse(raw)`: the body as a routed request: the worker route, the native body, and the
   `model` named (None: the router's only deployment);
-- `forward(request, raw, artifact)`: the bytes the worker gets, naming the artifact;
-- `answer(request, payload, artifact)`: a worker's 2xx answer as this family answers;
+- `forward(request, raw)`: the bytes the worker gets;
+- `answer(request, payload)`: a worker's 2xx answer as this family answers;
 - `worker_error(request, status, payload)`: a worker's non-2xx answer in this family's shape;
 - `error(error)`: the router's own RequestError in this family's shape.
 
 `NativeFront` is sr's own (OpenAI-shaped) family; the TEI routes use sr.router.tei.TeiFront.
+
+`model` is settled once, by the worker (sr.worker.served_as): a native request reaches it
+as the caller's bytes, which may name the deployment or its artifact, and the worker's
+answer names what they named, so both cross the router untouched.
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ from typing import Any, Protocol
 
 import attrs
 
-from sr.errors import RequestError
-from sr.router.rewrite import answer_with_public_model, forward_native, parse_native_body
+from sr.errors import InvalidRequest, RequestError
+from sr.http.jsonbody import parse_json_object
 
 
 class Routed(Protocol):
     @property
     def route(self) -> str: ...  # the worker route
     @property
-    def body(self) -> dict[str, Any]: ...  # the native body, without `model`
+    def body(self) -> dict[str, Any]: ...  # the native body the worker gets (the cache key)
     @property
     def model(self) -> str | None: ...
 
@@ -38,8 +42,8 @@ class Front(Protocol):
     def route(self) -> str: ...  # the path the caller used (the metrics label)
 
     def parse(self, raw: bytes) -> Routed: ...
-    def forward(self, request: Any, raw: bytes, artifact: str) -> bytes: ...
-    def answer(self, request: Any, payload: bytes, artifact: str) -> bytes: ...
+    def forward(self, request: Any, raw: bytes) -> bytes: ...
+    def answer(self, request: Any, payload: bytes) -> bytes: ...
     def worker_error(self, request: Any, status: int, payload: bytes) -> tuple[int, bytes]: ...
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
 
@@ -54,20 +58,24 @@ class NativeRequest:
 @attrs.frozen
 class NativeFront:
     """The native routes: `model` is required; the caller's bytes go to the worker and its
-    answer comes back, each with `model` renamed in place (sr.router.rewrite); a worker's
-    errors pass through as they are (the shape is already sr's)."""
+    answer comes back as they are, errors too (the shape is already sr's)."""
 
     route: str
 
     def parse(self, raw: bytes) -> NativeRequest:
-        body, model = parse_native_body(raw)
+        body = parse_json_object(raw)  # parsed once, to find the deployment and cache key
+        model = body.get("model")
+        if model is None:
+            raise InvalidRequest("model: field is required")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("model: must be a non-empty string")
         return NativeRequest(self.route, body, model)
 
-    def forward(self, request: NativeRequest, raw: bytes, artifact: str) -> bytes:
-        return forward_native(raw, request.body, request.model, artifact)
+    def forward(self, request: NativeRequest, raw: bytes) -> bytes:
+        return raw
 
-    def answer(self, request: NativeRequest, payload: bytes, artifact: str) -> bytes:
-        return answer_with_public_model(payload, artifact, request.model)
+    def answer(self, request: NativeRequest, payload: bytes) -> bytes:
+        return payload
 
     def worker_error(
         self, request: NativeRequest, status: int, payload: bytes

@@ -50,7 +50,6 @@ from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
-from sr.router.rewrite import with_model
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
@@ -96,7 +95,7 @@ _POOLING_NAMES = {"lasttoken": "last_token"}  # TEI's spelling of sentence-trans
 @attrs.frozen
 class TeiRequest:
     """A TEI request as the native dispatch takes it: the worker route, the native body
-    (without `model`) and the `model` named, if any."""
+    (with `model` when one is named) and the `model` named, if any."""
 
     route: str
     body: dict[str, Any]
@@ -112,10 +111,10 @@ class TeiFront:
     def parse(self, raw: bytes) -> TeiRequest:
         return parse_request(self.route, raw)
 
-    def forward(self, request: TeiRequest, raw: bytes, artifact: str) -> bytes:
-        return with_model(request.body, artifact)  # a body the router built: dumped once
+    def forward(self, request: TeiRequest, raw: bytes) -> bytes:
+        return dump_json(request.body)  # a body the router built: dumped once
 
-    def answer(self, request: TeiRequest, payload: bytes, artifact: str) -> bytes:
+    def answer(self, request: TeiRequest, payload: bytes) -> bytes:
         return tei_answer(request, payload)
 
     def worker_error(self, request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:
@@ -142,6 +141,8 @@ def parse_request(path: str, raw: bytes) -> TeiRequest:
         native = _rerank_body(body)
     else:
         native = _tokenize_body(body)
+    if model is not None:
+        native["model"] = model  # the worker checks it (sr.worker.served_as)
     return TeiRequest(_NATIVE_ROUTE[path], native, model)
 
 

@@ -17,6 +17,7 @@ from sr.http import request_id
 from sr.http.limits import HttpLimits
 from sr.http.private_folder import ensure_private_folder
 from sr.http.server import H1Server, error_answer, open_listeners
+from sr.worker import served_as
 from sr.worker.auth import WorkerKeyCheck, unauthorized
 from sr.worker.service import WorkerService
 
@@ -27,25 +28,30 @@ from sr.worker.service import WorkerService
 WORKER_HTTP_LIMITS = HttpLimits()
 
 
-def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The caller's `x-request-id` (the router always sends one); a direct caller's odd
-    value is ignored rather than refused: the worker answers whoever can reach it."""
+def request_names(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """The caller's `x-request-id` (the router always sends one) and `x-sr-deployment`
+    (sr.worker.served_as); a direct caller's odd value is ignored rather than refused: the
+    worker answers whoever can reach it."""
+    rid = deployment = None
     for name, value in headers:
         if name == request_id.HEADER:
-            return request_id.usable(value)
-    return None
+            rid = request_id.usable(value)
+        elif name == served_as.HEADER:
+            deployment = served_as.deployment_of(value)
+    return rid, deployment
 
 
 def handler_for(service: WorkerService, api_key: str | None = None):
-    """The H1Server handler: the service's `handle`, told the caller's request id; with
-    `api_key`, callers without it get 401 on every route but the open ones (sr.worker.auth)."""
+    """The H1Server handler: the service's `handle`, told the caller's request id and the
+    deployment it serves the request for; with `api_key`, callers without it get 401 on
+    every route but the open ones (sr.worker.auth)."""
     handle = service.handle
     check = WorkerKeyCheck(api_key) if api_key is not None else None
 
     async def handler(method: str, path: str, body: bytes, headers) -> tuple:
         if check is not None and not check.allows(path, headers):
             return unauthorized()
-        return await handle(method, path, body, request_id_of(headers))
+        return await handle(method, path, body, *request_names(headers))
 
     return handler
 

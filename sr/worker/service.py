@@ -37,6 +37,7 @@ from sr.worker.engine import Engine
 from sr.worker.faults import FaultState
 from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
+from sr.worker.served_as import current_deployment
 from sr.worker.tasks import Tasks
 from sr.worker.threads import ForwardRunner
 from sr.worker.timing import RequestTiming
@@ -250,17 +251,25 @@ class WorkerService:
     # -- requests --------------------------------------------------------------------------
 
     async def handle(
-        self, method: str, path: str, body: bytes, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        request_id: str | None = None,
+        deployment: str | None = None,
     ) -> Response:
         """Answer one request. `request_id` (the router's, sr.http.request_id) is current while
-        it is answered, so its error body and log lines carry it."""
-        if request_id is None:
+        it is answered, so its error body and log lines carry it; so is `deployment`, the
+        name the router serves this worker under (sr.worker.served_as)."""
+        if request_id is None and deployment is None:
             return await self._handle(method, path, body)
-        token = current_request_id.set(request_id)
+        id_token = current_request_id.set(request_id)
+        name_token = current_deployment.set(deployment)
         try:
             return await self._handle(method, path, body)
         finally:
-            current_request_id.reset(token)
+            current_deployment.reset(name_token)
+            current_request_id.reset(id_token)
 
     async def _handle(self, method: str, path: str, body: bytes) -> Response:
         route = self._routes.get(path)

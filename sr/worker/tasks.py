@@ -17,9 +17,10 @@ from typing import Any
 
 import trio
 
-from sr.errors import InvalidRequest, ModelNotFound, RequestTooLarge
+from sr.errors import InvalidRequest, RequestTooLarge
 from sr.worker import timing
 from sr.worker import validation as v
+from sr.worker.served_as import served_model
 
 ZERO_SHOT_TEMPERATURE = 0.05
 # Tokenizing more characters than this moves to a helper thread so the event loop stays free.
@@ -336,16 +337,8 @@ class Tasks:
         return rows, usage
 
     def _served_model(self, body: dict[str, Any]) -> str:
-        """The model the answer names: the body's, which must be this worker's artifact
-        (answering for another model would be a silent lie; the router always names the
-        artifact), else the artifact. A trailing slash does not count, as in the pool's card
-        check, and the caller's spelling is echoed so the router's answer rewrite finds it."""
-        name = v.optional_model(body)
-        if name is not None and name.rstrip("/") != self.artifact.rstrip("/"):
-            raise ModelNotFound(
-                f"model: {name!r} is not served here; this worker serves {self.artifact!r}"
-            )
-        return name or self.artifact
+        """The model the answer names (sr.worker.served_as)."""
+        return served_model(v.optional_model(body), self.artifact)
 
     def _overflow(self, body: dict[str, Any]) -> str:
         """The overflow rule for this request: its `truncate` (true: cut, false: refuse)

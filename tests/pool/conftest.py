@@ -67,7 +67,7 @@ class FakeWorker:
         self.state = "failed" if reason else "ready"
         await trio.sleep_forever()
 
-    async def handle(self, method: str, path: str, body: bytes, request_id=None):
+    async def handle(self, method: str, path: str, body: bytes, request_id=None, deployment=None):
         headers = [(b"content-type", b"application/json")]
         if path == "/health":
             if self.state == "ready":
@@ -117,7 +117,7 @@ class FakeEndpoint:
         self.probes = 0
         self.served = 0
 
-    async def handle(self, method: str, path: str, body: bytes, request_id=None):
+    async def handle(self, method: str, path: str, body: bytes, request_id=None, deployment=None):
         headers = [(b"content-type", b"application/json")]
         if self.health == "down":
             raise TransportError("connection refused")

@@ -88,18 +88,21 @@ async def test_reuses_one_connection_for_sequential_requests(serve):
     await pool.aclose()
 
 
-async def test_a_request_id_travels_as_a_header_and_only_with_its_request(serve):
+async def test_request_id_and_deployment_travel_as_headers_only_with_their_request(serve):
     server, path = await serve(keep_alive_ok)
     pool = Http1Pool(uds=path)
-    await pool.request("POST", "/v1/embeddings", b"{}", request_id="req-1")
+    await pool.request("POST", "/v1/embeddings", b"{}", request_id="req-1", deployment="minilm")
     await pool.request("POST", "/v1/embeddings", b"{}")
     transport = HttpTransport(uds=path)
-    await transport.exchange("GET", "/health", request_id="req-2")
+    await transport.exchange("GET", "/health", request_id="req-2", deployment="d.2")
     await transport.aclose()
     first, second, third = (request.split(b"\r\n\r\n")[0] for request in server.requests)
     assert b"\r\nx-request-id: req-1\r\n" in first + b"\r\n"
-    assert b"x-request-id" not in second  # the cached request line does not keep it
+    assert b"\r\nx-sr-deployment: minilm\r\n" in first + b"\r\n"
+    assert b"x-request-id" not in second  # the cached request line does not keep them
+    assert b"x-sr-deployment" not in second
     assert b"\r\nx-request-id: req-2" in third
+    assert b"\r\nx-sr-deployment: d.2" in third
     await pool.aclose()
 
 

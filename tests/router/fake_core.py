@@ -28,11 +28,12 @@ Handler = Callable[[str, str, bytes, float | None], Awaitable[FakeReply]]
 
 
 async def echo_embeddings(deployment: str, path: str, body: bytes, timeout_s: float | None):
-    """Answer like a worker: the artifact as `model`, a fixed embedding."""
+    """Answer like a worker (sr.worker.served_as): the model the request named, else the
+    artifact (make_config's), and a fixed embedding."""
     request = json.loads(body)
     answer = {
         "object": "list",
-        "model": request["model"],
+        "model": request.get("model", f"/models/{deployment}"),
         "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
         "usage": {"prompt_tokens": 3, "total_tokens": 3},
     }

@@ -13,10 +13,11 @@ from sr.router.cache import (
 )
 
 
-def test_key_ignores_model_and_key_order_but_not_route_or_content():
+def test_key_ignores_key_order_but_not_model_route_or_content():
+    """The answer names the model as the request named it, so each name has its entry."""
     a = cache_key("/v1/embeddings", {"model": "primary", "input": ["x", "y"], "k": 1})
-    b = cache_key("/v1/embeddings", {"k": 1, "input": ["x", "y"], "model": "/abs/path"})
-    assert a == b
+    assert a == cache_key("/v1/embeddings", {"k": 1, "input": ["x", "y"], "model": "primary"})
+    assert a != cache_key("/v1/embeddings", {"k": 1, "input": ["x", "y"], "model": "/abs/path"})
     assert a != cache_key("/v1/classify", {"input": ["x", "y"], "k": 1})
     assert a != cache_key("/v1/embeddings", {"input": ["y", "x"], "k": 1})
 

@@ -37,6 +37,7 @@ TEI_INFO_FIELDS = {
     "docker_label",
 }  # fmt: skip
 TEI_ERROR_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
+ARTIFACT = "/models/primary"  # what fake_core.make_config names the artifact
 EMBEDDING_CARD = {
     "id": "/models/primary",
     "artifact": "/models/primary",
@@ -59,7 +60,12 @@ async def worker_like(deployment: str, path: str, body: bytes, timeout_s: float 
         data = [
             {"object": "embedding", "index": i, "embedding": [i + 0.5, -1.25]} for i in range(count)
         ]
-        answer = {"object": "list", "model": request["model"], "data": data, "usage": {}}
+        answer = {
+            "object": "list",
+            "model": request.get("model", ARTIFACT),
+            "data": data,
+            "usage": {},
+        }
     elif path == "/v1/rerank":
         documents = request["documents"]
         results = []
@@ -68,12 +74,17 @@ async def worker_like(deployment: str, path: str, body: bytes, timeout_s: float 
             if request.get("return_documents"):
                 result["document"] = {"text": documents[index]}
             results.append(result)
-        answer = {"model": request["model"], "results": results, "usage": {}}
+        answer = {"model": request.get("model", ARTIFACT), "results": results, "usage": {}}
     elif path == "/v1/tokenize":
         texts = request["input"]
         texts = [texts] if isinstance(texts, str) else texts
         data = [{"index": i, "tokens": _code_point_tokens(text)} for i, text in enumerate(texts)]
-        answer = {"object": "list", "model": request["model"], "data": data, "usage": {}}
+        answer = {
+            "object": "list",
+            "model": request.get("model", ARTIFACT),
+            "data": data,
+            "usage": {},
+        }
     else:
         raise AssertionError(path)
     return FakeReply(200, {}, json.dumps(answer).encode(), f"{deployment}-0")
@@ -140,7 +151,7 @@ async def test_embed_one_text_is_a_list_of_one_vector():
     path, body = forwarded(core)
     # TEI's defaults: normalize true; truncate absent leaves the deployment's overflow.
     assert path == "/v1/embeddings"
-    assert body == {"input": "hello", "normalize": True, "model": "/models/primary"}
+    assert body == {"input": "hello", "normalize": True}  # no `model`: the worker's artifact
 
 
 async def test_embed_fields_map_onto_the_native_ones():
@@ -156,10 +167,10 @@ async def test_embed_fields_map_onto_the_native_ones():
     _, body = forwarded(core)
     assert body == {
         "input": ["a", "b"], "normalize": False, "truncate": True, "dimensions": 8,
-        "model": "/models/primary",
+        "model": "primary",  # as named: the worker accepts its deployment's name
     }  # fmt: skip
     await call(app, "POST", "/embed", {"inputs": "a", "truncate": None, "dimensions": None})
-    assert forwarded(core)[1] == {"input": "a", "normalize": True, "model": "/models/primary"}
+    assert forwarded(core)[1] == {"input": "a", "normalize": True}
 
 
 async def test_token_ids_are_whole_rows():
@@ -227,7 +238,7 @@ async def test_rerank_maps_texts_and_answers_ranks_highest_first():
     assert path == "/v1/rerank"
     assert body == {
         "query": "q", "documents": ["a", "b", "c"], "raw_scores": True,
-        "return_documents": True, "truncate": False, "model": "/models/primary",
+        "return_documents": True, "truncate": False,
     }  # fmt: skip
     plain = await call(app, "POST", "/rerank", {"query": "q", "texts": ["a"]})
     assert plain.json() == [{"index": 0, "score": 0.0}]  # no text unless asked (TEI's default)
@@ -261,7 +272,7 @@ async def test_tokenize_answers_byte_offsets_as_tei():
     assert answer.status == 200, answer.body
     assert forwarded(core) == (
         "/v1/tokenize",
-        {"input": [text, "plain words"], "add_special_tokens": True, "model": "/models/primary"},
+        {"input": [text, "plain words"], "add_special_tokens": True},
     )
     first, second = answer.json()
     assert first[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}

@@ -5,14 +5,17 @@ import logging
 
 from sr.http import request_id
 from sr.router.logs import JsonLineFormatter
-from sr.worker.http import request_id_of
+from sr.worker.http import request_names
 
 
-def test_the_header_is_read_and_odd_values_are_ignored():
-    assert request_id_of([(b"host", b"w"), (b"x-request-id", b"abc-1")]) == "abc-1"
-    assert request_id_of([(b"host", b"w")]) is None
+def test_the_headers_are_read_and_odd_values_are_ignored():
+    headers = [(b"host", b"w"), (b"x-request-id", b"abc-1"), (b"x-sr-deployment", b"minilm")]
+    assert request_names(headers) == ("abc-1", "minilm")
+    assert request_names([(b"host", b"w")]) == (None, None)
     for odd in (b"", b"a b", b"x" * 129, "é".encode()):
-        assert request_id_of([(b"x-request-id", odd)]) is None
+        assert request_names([(b"x-request-id", odd)]) == (None, None)
+    for odd in (b"", b"-lead", b"a/b", b"x" * 65, "é".encode()):
+        assert request_names([(b"x-sr-deployment", odd)]) == (None, None)
 
 
 async def test_an_error_answer_carries_the_request_id(worker):

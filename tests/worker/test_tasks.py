@@ -182,6 +182,31 @@ async def test_a_body_naming_another_model_is_404(worker, path, body):
         assert status == 200 and answer["model"] == name
 
 
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/classify", "/v1/tokenize"])
+async def test_the_routers_deployment_name_is_accepted_and_echoed(worker, path):
+    """sr.worker.served_as: the router says which deployment it serves the request for;
+    that name is good for `model` on that request only, and the answer carries it."""
+    body = {
+        "/v1/embeddings": {"input": "x"},
+        "/v1/classify": {"input": "x", "labels": {"a": "one", "b": "two"}},
+        "/v1/tokenize": {"input": "x"},
+    }[path]
+    raw = json.dumps({**body, "model": "minilm"}).encode()
+    status, _, payload = await worker.handle("POST", path, raw, "r-1", "minilm")
+    assert status == 200 and json.loads(payload)["model"] == "minilm"
+    status, _, payload = await worker.handle("POST", path, raw, "r-2", "other")
+    message = json.loads(payload)["error"]["message"]
+    assert status == 404 and "as deployment 'other'" in message
+    status, _, payload = await worker.handle("POST", path, raw)  # a direct caller
+    assert (
+        status == 404 and "'minilm' is not served here" in json.loads(payload)["error"]["message"]
+    )
+    status, _, payload = await worker.handle(
+        "POST", path, json.dumps(body).encode(), None, "minilm"
+    )
+    assert status == 200 and json.loads(payload)["model"] == worker.options.artifact
+
+
 async def test_zero_shot_classify_probabilities(worker):
     labels = {"greeting": "hello there", "billing": "invoice payment"}
     status, answer = await post(
