@@ -17,6 +17,8 @@ Rules:
   which reports its choice on a pipe and exits; this process adopts the choice.
 * Every check a worker makes at start still runs in each replica, on the shared model: the
   golden check, the batching probe, thread calibration. Each replica sets its own threads.
+  The one exception is the cut-off at 1 thread, measured here at load: a replica at 1
+  thread inherits it (and the oneDNN primitives the measure made) instead of measuring it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def preload(argv: list[str]) -> dict:
             linear.adopt_choice(device, dtype, _probe_in_child(device, dtype, fresh_threads))
         kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
     model = load_from_artifact(served)
+    # The 1-thread cut-offs, measured here so that replicas at 1 thread inherit them: the
+    # measure runs each product at every row count under PROBE_ROWS, and oneDNN keeps a
+    # primitive per row count, which each replica would otherwise make and keep privately.
+    model.calibrate_threads()
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise RuntimeError(f"loading the model left {threads} threads; forking needs 1")

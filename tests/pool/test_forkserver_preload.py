@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -204,3 +206,21 @@ def test_a_killed_router_takes_model_servers_and_workers_with_it(tiny_model_dir,
         assert wait_gone([*workers, server, base], 10) == []
     finally:
         process.stop()
+
+
+def test_the_model_server_measures_the_one_thread_cut_offs_before_forking(tiny_model_dir):
+    """Measuring a cut-off makes a oneDNN primitive per row count (sr.models.gemm_rows):
+    made before the fork, replicas at 1 thread share them instead of each keeping its own."""
+    script = (
+        "import sys\n"
+        "from sr.models import gemm_rows\n"
+        "from sr.pool import model_server\n"
+        "model_server.preload(sys.argv[1:])\n"
+        "print(sorted({(key[1], key[4]) for key in gemm_rows._cut_offs}))\n"
+    )
+    argv = [sys.executable, "-m", "sr", "worker", "--artifact", str(tiny_model_dir)]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv, "--kernel", "onednn"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[(1, 'onednn')]"
