@@ -62,6 +62,7 @@ import trio
 
 from bench.bench_profile import case_texts
 from bench.harness import ServeProcess, embedded_artifact, http_client, print_table, write_result
+from sr.pool.replica import WORKER_SPIN_COUNT
 
 BATCH = 32
 MAX_ABS_DIFF = 1e-5  # the same function in fp32: a few ulps of the vectors' entries
@@ -308,7 +309,8 @@ class ChildSide:
         import sys
 
         env = dict(os.environ)
-        env.setdefault("GOMP_SPINCOUNT", "1000")  # as sr's pool sets it for its workers
+        # as sr's pool sets it for its workers
+        env.setdefault("GOMP_SPINCOUNT", str(WORKER_SPIN_COUNT))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_onnx", "--child", json.dumps(spec)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,

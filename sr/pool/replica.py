@@ -63,6 +63,8 @@ STOP_GRACE_S = 5.0
 # After a worker is gone, how long its stderr may take to reach EOF (a child of the worker
 # could hold the pipe open): its last lines are the exit's reason.
 STDERR_DRAIN_S = 1.0
+# libgomp spins before a waiting thread sleeps (worker_env): see sr.worker.contention.
+WORKER_SPIN_COUNT = 20000
 
 
 def worker_argv(
@@ -95,12 +97,14 @@ def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    # GNU OpenMP spins 300k times for a peer thread before sleeping: on a shared host a
-    # descheduled peer turns every operator of a 2-thread forward into milliseconds of
-    # spinning (one medium text 5-28x ONNX Runtime's latency; with 1000 spins 0.84-0.88x,
+    # GNU OpenMP spins 300k times for a peer thread before sleeping: on a loaded host a
+    # peer that shares its core turns every operator of a multi-thread forward into
+    # milliseconds of spinning; at 1000 spins a quiet host's forward after an idle pause
+    # runs at one core's pace, its peer asleep between operators. 20k spins keep the quiet
+    # host fast, and a worker on a loaded host yields threads instead (sr.worker.contention;
     # docs/benchmarks.md, issue 16). Read once when torch loads, so it must be in the
     # environment the worker (or the fork server) starts with; an operator's value wins.
-    env.setdefault("GOMP_SPINCOUNT", "1000")
+    env.setdefault("GOMP_SPINCOUNT", str(WORKER_SPIN_COUNT))
     return env
 
 

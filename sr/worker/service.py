@@ -32,6 +32,13 @@ from sr.errors import (
 from sr.events import EventSink
 from sr.http.request_id import current as current_request_id
 from sr.worker import validation
+from sr.worker.contention import (
+    CoreYield,
+    YieldPolicy,
+    host_busy_seconds,
+    host_cpu_unreadable,
+    usable_cpus,
+)
 from sr.worker.device_thread import DeviceThread
 from sr.worker.engine import Engine
 from sr.worker.faults import FaultState
@@ -39,9 +46,14 @@ from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
 from sr.worker.served_as import current_deployment
 from sr.worker.tasks import Tasks
-from sr.worker.threads import ForwardRunner
+from sr.worker.threads import THREADS, ForwardRunner
 from sr.worker.timing import RequestTiming
-from sr.worker.warmup import ProbeResult, batch_invariance_probe, resolve_limits
+from sr.worker.warmup import (
+    ProbeResult,
+    batch_invariance_probe,
+    resolve_limits,
+    thread_count_probe,
+)
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -123,6 +135,7 @@ class WorkerService:
             "against": None,
         }
         self.probe: ProbeResult | None = None
+        self.cpu_yield: dict[str, Any] = {"enabled": False, "reason": "not checked yet"}
         self._load_model_fn = load_model_fn
         self._golden_check_fn = golden_check_fn
         self._settled = trio.Event()
@@ -213,6 +226,9 @@ class WorkerService:
             calibrate = getattr(model, "calibrate_threads", None)
             if calibrate is not None:
                 await device.run(lambda: self.runner.at_each_count(calibrate))
+            self.cpu_yield = await device.run(
+                lambda: self._allow_yielding(model, limits.max_input_tokens)
+            )
         except Exception as error:
             self._set_state("failed", f"warm-up failed: {type(error).__name__}: {error}")
             return False
@@ -247,6 +263,35 @@ class WorkerService:
         )
         self._set_state("ready")
         return True
+
+    def _allow_yielding(self, model, max_input_tokens: int) -> dict[str, Any]:
+        """Let the runner yield cores to other work (sr.worker.contention) where it may, at
+        the counts whose bits the probe found equal to the configured count's; the card's
+        `cpu_yield` entry either way."""
+        options = self.options
+        why_not = None
+        if options.device != "cpu":
+            why_not = "a GPU worker"
+        elif options.threads < 2:
+            why_not = "1 thread configured"
+        elif self.runner.mode:
+            why_not = f"adaptive thread mode {self.runner.mode} chooses the counts"
+        elif not hasattr(model, "embed"):
+            why_not = "the model has no probe forward"
+        cpus = usable_cpus()
+        why_not = why_not or host_cpu_unreadable(cpus)
+        if why_not is not None:
+            return {"enabled": False, "reason": why_not}
+        counts, detail = thread_count_probe(model, options.threads, THREADS.use, max_input_tokens)
+        if not counts:
+            return {"enabled": False, "reason": detail}
+        policy = YieldPolicy(options.threads, counts, len(cpus))
+        self.runner.allow_yielding(CoreYield(policy, lambda: host_busy_seconds(cpus)))
+        return {"enabled": True, "reason": detail}
+
+    def cpu_yield_card(self) -> dict[str, Any]:
+        core_yield = self.runner.yielding
+        return {**self.cpu_yield, **(core_yield.card() if core_yield is not None else {})}
 
     # -- requests --------------------------------------------------------------------------
 
@@ -381,6 +426,8 @@ class WorkerService:
                 "cache_rows": engine.cache.capacity if engine and engine.cache is not None else 0,
             },
             "adaptive_threads": self.runner.report(),
+            # fewer threads while other work holds the cores (sr.worker.contention)
+            "cpu_yield": self.cpu_yield_card(),
         }
 
 

@@ -8,7 +8,9 @@ whole forward, so forwards at different counts never overlap.
 `ForwardRunner` is the engine's seam: every batch goes through `run(forward, padded_tokens)`
 on the device thread. With VLLM_SRUN_CPU_ADAPTIVE_THREADS it also learns, per input-size
 bucket, which thread count is fastest (policy in `sr.worker.adaptive`), without ever
-serving an answer that differs from the configured count's.
+serving an answer that differs from the configured count's. Without it, a runner allowed
+to yield (`allow_yielding`, sr.worker.contention) runs a forward at fewer threads while
+other work holds the cores, at counts checked to give the configured count's bits.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sr.worker.adaptive import (
     ThreadLearner,
     allowed_thread_counts,
 )
+from sr.worker.contention import CoreYield
 
 
 class ThreadContext:
@@ -104,12 +107,24 @@ class ForwardRunner:
         self._clock = clock
         self._state_lock = threading.Lock()  # report() comes from another thread
         self._learner: ThreadLearner | None = None
+        self._yield: CoreYield | None = None
         if mode:
             if budget is None:
                 budget = cpu_budget()
             self._learner = ThreadLearner(
                 threads, allowed_thread_counts(threads, budget), mode=mode, settings=settings
             )
+
+    def allow_yielding(self, core_yield: CoreYield) -> None:
+        """Serve below the configured count while other work holds the cores (mode 0 only:
+        the learner chooses counts in the other modes)."""
+        if self._learner is not None:
+            raise ValueError("yielding is for adaptive mode 0")
+        self._yield = core_yield
+
+    @property
+    def yielding(self) -> CoreYield | None:
+        return self._yield
 
     def unlock(self) -> None:
         """The golden check passed: warm-up and exploration may start."""
@@ -132,7 +147,8 @@ class ForwardRunner:
     def run(self, forward: Callable[[], Any], padded_tokens: int) -> Any:
         learner = self._learner
         if learner is None:
-            with self._context.use(self.threads):
+            threads = self.threads if self._yield is None else self._yield.threads()
+            with self._context.use(threads):
                 return forward()
         with self._state_lock:
             step = learner.plan(padded_tokens)

@@ -106,3 +106,38 @@ def _run(runner, forward, batch: list[list[int]]) -> torch.Tensor:
     padded = len(batch) * max(len(r) for r in batch)
     with torch.inference_mode():
         return runner.run(lambda: forward(batch), padded).detach().cpu()
+
+
+def yield_counts(configured: int) -> list[int]:
+    """The counts a worker of `configured` threads may yield to (sr.worker.contention):
+    its halvings down to 1 (2 -> [1]; 8 -> [4, 2, 1])."""
+    counts = []
+    count = configured // 2
+    while count >= 1:
+        counts.append(count)
+        count //= 2
+    return counts
+
+
+def thread_count_probe(
+    model, configured: int, use_threads, max_input_tokens: int
+) -> tuple[list[int], str]:
+    """Which of `yield_counts(configured)` give the configured count's bits on the probe
+    rows batched (embeddings, and the head's logits if any): the counts yielding may use,
+    and what was found. `use_threads(n)` is the context that runs torch at n threads."""
+    rows = [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
+    forwards = [model.embed] + ([model.classify_logits] if model.head_labels else [])
+
+    def outputs(threads: int) -> list[torch.Tensor]:
+        with use_threads(threads), torch.inference_mode():
+            return [forward(rows).detach().cpu() for forward in forwards]
+
+    reference = outputs(configured)
+    agreeing, differing = [], []
+    for count in yield_counts(configured):
+        same = all(map(torch.equal, outputs(count), reference))
+        (agreeing if same else differing).append(count)
+    detail = f"bit-identical to {configured} threads at {agreeing or 'no smaller count'}"
+    if differing:
+        detail += f"; not at {differing}"
+    return agreeing, detail
