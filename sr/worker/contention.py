@@ -113,7 +113,10 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
 def usable_cpus() -> frozenset[int]:
-    """The CPUs this process may run on (its affinity: a container's cpuset, a taskset)."""
+    """The CPUs this process may run on (its affinity: a container's cpuset, a taskset);
+    empty where the platform cannot say (then nothing is readable and nothing yields)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return frozenset()
     return frozenset(os.sched_getaffinity(0))
 
 

@@ -278,8 +278,10 @@ class WorkerService:
             why_not = f"adaptive thread mode {self.runner.mode} chooses the counts"
         elif not hasattr(model, "embed"):
             why_not = "the model has no probe forward"
+        if why_not is not None:
+            return {"enabled": False, "reason": why_not}
         cpus = usable_cpus()
-        why_not = why_not or host_cpu_unreadable(cpus)
+        why_not = host_cpu_unreadable(cpus)
         if why_not is not None:
             return {"enabled": False, "reason": why_not}
         counts, detail = thread_count_probe(model, options.threads, THREADS.use, max_input_tokens)
