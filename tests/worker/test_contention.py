@@ -201,3 +201,42 @@ def test_workers_spin_20000_times_unless_the_operator_says_otherwise():
     assert WORKER_SPIN_COUNT == 20000
     assert worker_env({})["GOMP_SPINCOUNT"] == "20000"
     assert worker_env({"GOMP_SPINCOUNT": "300000"})["GOMP_SPINCOUNT"] == "300000"
+
+
+async def test_a_worker_beside_a_busy_process_yields(tiny_model_dir):
+    """The whole path on this host: /proc/stat, the worker's own CPU time, the runner. One
+    busy-looping process (bounded) holds a core; the worker at as many threads as CPUs
+    must see no room for all of them within a few forwards."""
+    import json
+    import subprocess
+    import sys
+
+    import trio
+    from worker_fakes import passing_golden, running
+
+    from sr.worker.contention import usable_cpus
+    from sr.worker.options import WorkerOptions
+
+    threads = len(usable_cpus())
+    if threads < 2:
+        pytest.skip("one usable CPU: nothing to yield")
+    before = torch.get_num_threads()
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\n"
+                            "while time.time() < end: pass"])  # fmt: skip
+    try:
+        opts = WorkerOptions(artifact=str(tiny_model_dir), threads=threads)
+        async with running(opts, golden_check_fn=passing_golden) as service:
+            if not service.card()["cpu_yield"]["enabled"]:
+                pytest.skip(f"no yielding here: {service.card()['cpu_yield']['reason']}")
+            with trio.fail_after(15):
+                sent = 0
+                while service.card()["cpu_yield"]["yielded_forwards"] == 0:
+                    sent += 1  # a new text each time: the worker's result cache answers repeats
+                    body = json.dumps({"input": [f"text number {sent} to embed"]}).encode()
+                    status, _, _ = await service.handle("POST", "/v1/embeddings", body)
+                    assert status == 200
+                    await trio.sleep(0.02)
+    finally:
+        hog.kill()
+        hog.wait()
+        torch.set_num_threads(before)
