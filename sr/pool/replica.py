@@ -54,6 +54,7 @@ from sr.pool.transport import (
 )
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
 from sr.settings import Settings, read_process_settings
+from sr.thread_budget import adaptive_mode
 
 S = ReplicaState
 PROBE_NOT_READY_S = 0.1
@@ -63,8 +64,11 @@ STOP_GRACE_S = 5.0
 # After a worker is gone, how long its stderr may take to reach EOF (a child of the worker
 # could hold the pipe open): its last lines are the exit's reason.
 STDERR_DRAIN_S = 1.0
-# libgomp spins before a waiting thread sleeps (worker_env): see sr.worker.contention.
+# libgomp spins before a waiting thread sleeps (worker_env): 20000 where workers yield
+# threads on a loaded host (sr.worker.contention), 1000 where an adaptive learner chooses
+# the counts and nothing yields (docs/decisions.md, "libgomp's spin count").
 WORKER_SPIN_COUNT = 20000
+LEARNING_SPIN_COUNT = 1000
 
 
 def worker_argv(
@@ -100,11 +104,12 @@ def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
     # GNU OpenMP spins 300k times for a peer thread before sleeping: on a loaded host a
     # peer that shares its core turns every operator of a multi-thread forward into
     # milliseconds of spinning; at 1000 spins a quiet host's forward after an idle pause
-    # runs at one core's pace, its peer asleep between operators. 20k spins keep the quiet
-    # host fast, and a worker on a loaded host yields threads instead (sr.worker.contention;
-    # docs/benchmarks.md, issue 16). Read once when torch loads, so it must be in the
+    # runs at one core's pace, its peer asleep between operators. 20000 spins keep the
+    # quiet host fast where a worker on a loaded host yields threads instead; learning
+    # workers do not yield and keep 1000. Read once when torch loads, so it must be in the
     # environment the worker (or the fork server) starts with; an operator's value wins.
-    env.setdefault("GOMP_SPINCOUNT", str(WORKER_SPIN_COUNT))
+    learning = adaptive_mode(env) != 0  # validated by sr.settings before any worker starts
+    env.setdefault("GOMP_SPINCOUNT", str(LEARNING_SPIN_COUNT if learning else WORKER_SPIN_COUNT))
     return env
 
 

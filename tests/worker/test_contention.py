@@ -195,11 +195,13 @@ async def test_the_card_says_whether_the_worker_yields_and_why(tiny_model_dir, t
         assert "not at [1]" in card["reason"]
 
 
-def test_workers_spin_20000_times_unless_the_operator_says_otherwise():
-    from sr.pool.replica import WORKER_SPIN_COUNT, worker_env
+def test_workers_spin_20000_times_unless_learning_or_the_operator_says_otherwise():
+    from sr.pool.replica import worker_env
 
-    assert WORKER_SPIN_COUNT == 20000
     assert worker_env({})["GOMP_SPINCOUNT"] == "20000"
+    assert worker_env({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "0"})["GOMP_SPINCOUNT"] == "20000"
+    for mode in ("1", "2"):  # a learner chooses the counts and nothing yields
+        assert worker_env({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": mode})["GOMP_SPINCOUNT"] == "1000"
     assert worker_env({"GOMP_SPINCOUNT": "300000"})["GOMP_SPINCOUNT"] == "300000"
 
 
