@@ -37,19 +37,17 @@ def child(spec: dict) -> None:
     from bench.bench_profile import case_texts
     from bench.harness import embedded_artifact
     from sr.models import load_model, resolve_artifact
-    from sr.worker.contention import CoreYield, YieldPolicy, host_busy_seconds, usable_cpus
-    from sr.worker.threads import THREADS, ForwardRunner
-    from sr.worker.warmup import thread_count_probe
+    from sr.worker.threads import ForwardRunner
+    from sr.worker.warmup import core_yield_for
 
     model = load_model(resolve_artifact(embedded_artifact(), None))
     runner = ForwardRunner(2)
     runner.at_each_count(model.calibrate_threads)
     detail = "not yielding"
-    if spec["yield"]:
-        counts, detail = thread_count_probe(model, 2, THREADS.use, 256)
-        cpus = usable_cpus()
-        policy = YieldPolicy(2, counts, len(cpus))
-        runner.allow_yielding(CoreYield(policy, lambda: host_busy_seconds(cpus)))
+    if spec["yield"]:  # as WorkerService sets it up
+        core_yield, detail = core_yield_for(model, 2, 256)
+        if core_yield is not None:
+            runner.allow_yielding(core_yield)
     rows = {
         name: model.tokenize(case_texts(model.tokenizer, name, 1)) for name in ("medium", "short")
     }

@@ -32,13 +32,6 @@ from sr.errors import (
 from sr.events import EventSink
 from sr.http.request_id import current as current_request_id
 from sr.worker import validation
-from sr.worker.contention import (
-    CoreYield,
-    YieldPolicy,
-    host_busy_seconds,
-    host_cpu_unreadable,
-    usable_cpus,
-)
 from sr.worker.device_thread import DeviceThread
 from sr.worker.engine import Engine
 from sr.worker.faults import FaultState
@@ -46,13 +39,13 @@ from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
 from sr.worker.served_as import current_deployment
 from sr.worker.tasks import Tasks
-from sr.worker.threads import THREADS, ForwardRunner
+from sr.worker.threads import ForwardRunner
 from sr.worker.timing import RequestTiming
 from sr.worker.warmup import (
     ProbeResult,
     batch_invariance_probe,
+    core_yield_for,
     resolve_limits,
-    thread_count_probe,
 )
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
@@ -280,15 +273,10 @@ class WorkerService:
             why_not = "the model has no probe forward"
         if why_not is not None:
             return {"enabled": False, "reason": why_not}
-        cpus = usable_cpus()
-        why_not = host_cpu_unreadable(cpus)
-        if why_not is not None:
-            return {"enabled": False, "reason": why_not}
-        counts, detail = thread_count_probe(model, options.threads, THREADS.use, max_input_tokens)
-        if not counts:
+        core_yield, detail = core_yield_for(model, options.threads, max_input_tokens)
+        if core_yield is None:
             return {"enabled": False, "reason": detail}
-        policy = YieldPolicy(options.threads, counts, len(cpus))
-        self.runner.allow_yielding(CoreYield(policy, lambda: host_busy_seconds(cpus)))
+        self.runner.allow_yielding(core_yield)
         return {"enabled": True, "reason": detail}
 
     def cpu_yield_card(self) -> dict[str, Any]:

@@ -5,11 +5,21 @@ Both functions touch torch and therefore only ever run on the worker's device th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
 from sr.worker.batching import Limits
+from sr.worker.contention import (
+    CoreYield,
+    YieldPolicy,
+    host_busy_seconds,
+    host_cpu_unreadable,
+    usable_cpus,
+)
 from sr.worker.options import WorkerOptions
+from sr.worker.threads import THREADS
 
 # CPU workers without configured caps (docs/decisions.md, "worker: CPU batch defaults").
 CPU_MAX_NUM_SEQS = 64
@@ -73,11 +83,8 @@ def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
 
     It runs the model as served, so at its dtype (`model.dtype`, float32 when absent):
     kernels of another precision may round a row differently by batch shape."""
-    rows = [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
-    forwards = [("embed", model.embed)]
-    if model.head_labels:
-        forwards.append(("classify", model.classify_logits))
-    for name, forward in forwards:
+    rows = _probe_rows(model, max_input_tokens)
+    for name, forward in _probe_forwards(model):
         alone = [_run(runner, forward, [row]) for row in rows]
         for order in (rows, rows[::-1]):
             mixed = _run(runner, forward, order)
@@ -94,6 +101,19 @@ def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
         True,
         f"{len(rows)} rows of {len(set(map(len, rows)))} lengths bit-identical{_at_dtype(model)}",
     )
+
+
+def _probe_rows(model, max_input_tokens: int) -> list[list[int]]:
+    """The probe texts as the worker would serve them (tokenized, cut to the limit)."""
+    return [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
+
+
+def _probe_forwards(model) -> list[tuple[str, Callable]]:
+    """The forwards a probe compares: embeddings, and the head's logits if there is one."""
+    forwards: list[tuple[str, Callable]] = [("embed", model.embed)]
+    if model.head_labels:
+        forwards.append(("classify", model.classify_logits))
+    return forwards
 
 
 def _at_dtype(model) -> str:
@@ -125,8 +145,8 @@ def thread_count_probe(
     """Which of `yield_counts(configured)` give the configured count's bits on the probe
     rows batched (embeddings, and the head's logits if any): the counts yielding may use,
     and what was found. `use_threads(n)` is the context that runs torch at n threads."""
-    rows = [model.truncate(ids, max_input_tokens) for ids in model.tokenize(list(_PROBE_TEXTS))]
-    forwards = [model.embed] + ([model.classify_logits] if model.head_labels else [])
+    rows = _probe_rows(model, max_input_tokens)
+    forwards = [forward for _, forward in _probe_forwards(model)]
 
     def outputs(threads: int) -> list[torch.Tensor]:
         with use_threads(threads), torch.inference_mode():
@@ -141,3 +161,17 @@ def thread_count_probe(
     if differing:
         detail += f"; not at {differing}"
     return agreeing, detail
+
+
+def core_yield_for(model, configured: int, max_input_tokens: int) -> tuple[CoreYield | None, str]:
+    """Yielding cores (sr.worker.contention) for a CPU model served at `configured` threads:
+    a CoreYield over the counts `thread_count_probe` allows, or None; and why."""
+    cpus = usable_cpus()
+    unreadable = host_cpu_unreadable(cpus)
+    if unreadable is not None:
+        return None, unreadable
+    counts, detail = thread_count_probe(model, configured, THREADS.use, max_input_tokens)
+    if not counts:
+        return None, detail
+    policy = YieldPolicy(configured, counts, len(cpus))
+    return CoreYield(policy, lambda: host_busy_seconds(cpus)), detail

@@ -149,15 +149,17 @@ def test_the_probe_allows_only_counts_with_the_configured_bits(sensitive):
 
 
 def test_the_runner_serves_at_the_yielded_count():
+    now, busy = [100.0], [0.0]
+    core_yield = CoreYield(YieldPolicy(2, [1], cpus=2), lambda: busy[0], clock=lambda: now[0])
     runner = ForwardRunner(2)
-    core_yield = CoreYield(YieldPolicy(2, [1], cpus=2), lambda: 0.0)
-    core_yield.policy.serving = 1  # as after a sample of a loaded host
-    core_yield.policy._last = CpuSample(1e18, 0.0, 0.0)  # and not due again
     runner.allow_yielding(core_yield)
     before = torch.get_num_threads()
     try:
+        assert runner.run(torch.get_num_threads, 10) == 2  # the first sample
+        now[0] += 1.0
+        busy[0] += 2.0  # two cores of other work for a second
         assert runner.run(torch.get_num_threads, 10) == 1
-        core_yield.policy.serving = 2
+        now[0] += 1.0  # a quiet second
         assert runner.run(torch.get_num_threads, 10) == 2
     finally:
         torch.set_num_threads(before)
