@@ -1,7 +1,7 @@
 """sr against ONNX Runtime on the embedded MiniLM, at equal threads, sides alternating.
 
     python -m bench.bench_onnx [--threads 1 2] [--rounds 5] [--singles 30] [--no-serve]
-        [--no-bf16] [--graphs fused plain] [--isolate]
+        [--no-bf16] [--graphs fused plain] [--isolate [--unplaced]]
 
 The ONNX model is made here, in a temporary folder, from the same weights sr serves:
 transformers' BertModel (eager attention) + sentence-transformers' mean pooling + L2
@@ -31,6 +31,8 @@ CPU per text; (b) one short (~10-token) text and (c) one medium text: latency (m
 With --isolate, sr, sr_bf16 and each ORT graph run in a process of their own, fed over a
 pipe (the check of agreement still runs in this one): at 2 threads on a 2-core host an ORT
 session's pool threads spin after each run and, in one process, take the next side's core.
+An isolated sr keeps its OpenMP peers off its own CPU as a worker does (sr.worker.placement);
+--unplaced adds `sr_unplaced`, the same engine without that, as a control.
 Ratios are sr over the faster ORT graph of the case (`best_ort`), per adjacent pair
 (`paired`, steadier on a busy host) and of the medians.
 Before timing, sr's and ORT's vectors of 200 varied texts and of the batch are compared
@@ -355,10 +357,19 @@ def child_main(spec: dict) -> None:
         ).embed_texts  # fmt: skip
     else:
         from sr.models import load_model
+        from sr.worker.placement import placement_for
 
         model = load_model(Path(spec["folder"]), dtype=spec["dtype"])
         model.calibrate_threads()
-        embed = engine_embed(model, spec["limit"])
+        forward = engine_embed(model, spec["limit"])
+        # as a worker places its OpenMP peers (sr.worker.service), unless this is the control
+        placement = placement_for(spec["threads"])[0] if spec.get("place", True) else None
+
+        def embed(texts: list[str]) -> object:
+            if placement is not None:
+                placement.before_forward()
+            return forward(texts)
+
     for line in sys.stdin:
         message = json.loads(line)
         cpu = time.process_time()
@@ -504,8 +515,14 @@ def main(argv: list[str] | None = None) -> dict:
         "--isolate", action="store_true",
         help="run sr and each ORT graph in a process of its own (no shared cores' spinning)",
     )  # fmt: skip
+    parser.add_argument(
+        "--unplaced", action="store_true",
+        help="with --isolate, also run sr without its OpenMP peer placement (sr_unplaced)",
+    )  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.unplaced and not args.isolate:
+        parser.error("--unplaced needs --isolate (placement is per process)")
     if args.child is not None:
         child_main(json.loads(args.child))
         return {}
@@ -555,6 +572,8 @@ def main(argv: list[str] | None = None) -> dict:
                 # the same engines, each in a process of its own (checked above in this one)
                 base = {"threads": threads, "folder": str(folder), "limit": limit}
                 specs = {"sr": {**base, "kind": "sr", "dtype": "float32"}}
+                if args.unplaced:
+                    specs["sr_unplaced"] = {**specs["sr"], "place": False}
                 if model_bf16 is not None:
                     specs["sr_bf16"] = {**base, "kind": "sr", "dtype": "bfloat16"}
                 for name, e in exported.items():
@@ -683,7 +702,13 @@ def _print_threads(entry: dict) -> None:
     first = cases["single_short"]
     sides = [
         s
-        for s in ("sr", "sr_bf16", "sr_serve", *(k for k in first if k.startswith("ort_")))
+        for s in (
+            "sr",
+            "sr_unplaced",
+            "sr_bf16",
+            "sr_serve",
+            *(k for k in first if k.startswith("ort_")),
+        )
         if s in first
     ]
     ours = [s for s in sides if not s.startswith("ort_")]

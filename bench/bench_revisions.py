@@ -126,6 +126,11 @@ def key_numbers(name: str, result: dict) -> dict[str, float]:
                 numbers[f"{row['server']} {cell} worker CPU us/req"] = row[
                     "worker_cpu_us_per_request"
                 ]
+    elif name == "profile":  # bench_profile: each side's wall time per forward
+        for case in result["cases"]:
+            cell = f"{case['threads']}t {case['rows']} x{case['batch']}"
+            for side, ms in case["wall_ms"].items():
+                numbers[f"{cell} {side} wall ms"] = ms
     else:
         raise SystemExit(f"no key numbers defined for {name!r}")
     return numbers

@@ -37,6 +37,7 @@ from sr.worker.engine import Engine
 from sr.worker.faults import FaultState
 from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
+from sr.worker.placement import placement_for
 from sr.worker.served_as import current_deployment
 from sr.worker.tasks import Tasks
 from sr.worker.threads import ForwardRunner
@@ -129,6 +130,7 @@ class WorkerService:
         }
         self.probe: ProbeResult | None = None
         self.cpu_yield: dict[str, Any] = {"enabled": False, "reason": "not checked yet"}
+        self.cpu_placement: dict[str, Any] = {"enabled": False, "reason": "not checked yet"}
         self._load_model_fn = load_model_fn
         self._golden_check_fn = golden_check_fn
         self._settled = trio.Event()
@@ -198,6 +200,7 @@ class WorkerService:
         self.model = model
         self._set_state("warming")
         try:
+            self.cpu_placement = await device.run(self._place_peers)
             golden = await device.run(
                 lambda: self.runner.run(lambda: self._golden_check_fn(model), 0)
             )
@@ -278,6 +281,22 @@ class WorkerService:
             return {"enabled": False, "reason": detail}
         self.runner.allow_yielding(core_yield)
         return {"enabled": True, "reason": detail}
+
+    def _place_peers(self) -> dict[str, Any]:
+        """Keep the OpenMP peers of multi-thread forwards off the device thread's CPU
+        (sr.worker.placement); runs on the device thread, whose team it finds. The card's
+        `cpu_placement` entry either way."""
+        if self.options.device != "cpu":
+            return {"enabled": False, "reason": "a GPU worker"}
+        placement, detail = placement_for(max(self.runner.thread_counts))
+        if placement is None:
+            return {"enabled": False, "reason": detail}
+        self.runner.place_peers(placement)
+        return {"enabled": True, "reason": detail}
+
+    def cpu_placement_card(self) -> dict[str, Any]:
+        placement = self.runner.placement
+        return {**self.cpu_placement, **(placement.card() if placement is not None else {})}
 
     def cpu_yield_card(self) -> dict[str, Any]:
         core_yield = self.runner.yielding
@@ -418,6 +437,8 @@ class WorkerService:
             "adaptive_threads": self.runner.report(),
             # fewer threads while other work holds the cores (sr.worker.contention)
             "cpu_yield": self.cpu_yield_card(),
+            # the OpenMP peers kept off the device thread's CPU (sr.worker.placement)
+            "cpu_placement": self.cpu_placement_card(),
         }
 
 

@@ -10,7 +10,9 @@ on the device thread. With VLLM_SRUN_CPU_ADAPTIVE_THREADS it also learns, per in
 bucket, which thread count is fastest (policy in `sr.worker.adaptive`), without ever
 serving an answer that differs from the configured count's. Without it, a runner allowed
 to yield (`allow_yielding`, sr.worker.contention) runs a forward at fewer threads while
-other work holds the cores, at counts checked to give the configured count's bits.
+other work holds the cores, at counts checked to give the configured count's bits. A
+runner given a placement (`place_peers`, sr.worker.placement) keeps the OpenMP peers of
+every forward at 2 or more threads off the device thread's CPU.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sr.worker.adaptive import (
     allowed_thread_counts,
 )
 from sr.worker.contention import CoreYield
+from sr.worker.placement import PeerPlacement
 
 
 class ThreadContext:
@@ -108,6 +111,7 @@ class ForwardRunner:
         self._state_lock = threading.Lock()  # report() comes from another thread
         self._learner: ThreadLearner | None = None
         self._yield: CoreYield | None = None
+        self._placement: PeerPlacement | None = None
         if mode:
             if budget is None:
                 budget = cpu_budget()
@@ -126,6 +130,23 @@ class ForwardRunner:
     def yielding(self) -> CoreYield | None:
         return self._yield
 
+    def place_peers(self, placement: PeerPlacement) -> None:
+        """Keep the OpenMP peers of forwards at 2 or more threads off the device thread's
+        CPU (found for this runner's device thread: call on it)."""
+        self._placement = placement
+
+    @property
+    def placement(self) -> PeerPlacement | None:
+        return self._placement
+
+    @contextlib.contextmanager
+    def _at(self, threads: int) -> Iterator[None]:
+        """The thread context of one forward, its peers placed."""
+        with self._context.use(threads):
+            if threads > 1 and self._placement is not None:
+                self._placement.before_forward()
+            yield
+
     def unlock(self) -> None:
         """The golden check passed: warm-up and exploration may start."""
         if self._learner is not None:
@@ -141,14 +162,14 @@ class ForwardRunner:
         """Run `fn` once, untimed, at every count this runner may use: per-count caches
         (the model's BLAS cut-off) are filled before any timing, not in a timed shadow."""
         for threads in self.thread_counts:
-            with self._context.use(threads):
+            with self._at(threads):
                 fn()
 
     def run(self, forward: Callable[[], Any], padded_tokens: int) -> Any:
         learner = self._learner
         if learner is None:
             threads = self.threads if self._yield is None else self._yield.threads()
-            with self._context.use(threads):
+            with self._at(threads):
                 return forward()
         with self._state_lock:
             step = learner.plan(padded_tokens)
@@ -168,14 +189,14 @@ class ForwardRunner:
     # -- execution -------------------------------------------------------------------------
 
     def _timed(self, threads: int, forward: Callable[[], Any]) -> tuple[Any, float]:
-        with self._context.use(threads):
+        with self._at(threads):
             start = self._clock()
             result = forward()
             return result, (self._clock() - start) * 1000.0
 
     def _execute(self, step: Step, forward: Callable[[], Any]) -> tuple[Any, Outcome]:
         if step.kind in ("plain", "warmup"):
-            with self._context.use(step.serve):
+            with self._at(step.serve):
                 return forward(), Outcome()
         if step.kind == "verify":
             # Mode 2 window: the configured answer is computed first so that a drifting or

@@ -1,0 +1,154 @@
+"""Keeping a forward's OpenMP peers off the CPU of the thread that runs it.
+
+Why. torch runs each operator of a multi-thread forward as an OpenMP parallel region: the
+device thread is member 0 of the team, libgomp's pool threads (the peers) are the others,
+and all of them meet at a barrier after every region, spinning GOMP_SPINCOUNT times before
+they sleep. Traced with `perf sched` on a 2-vCPU VM (docs/benchmarks.md, "OpenMP peers
+after idleness"): after an idle pause Linux woke the sleeping peer on the device thread's
+own CPU, not on the idle one (an idle virtual CPU is reported as preempted, so the
+scheduler does not count it as available), and the two threads then took turns on that
+CPU, each spinning ~0.5 ms at every barrier while the other waited: one short text took
+11-18 ms at 2 threads against 4-5 ms back to back. Kept off the device thread's CPU, the
+peer is woken where it may run.
+
+Rules:
+* Only CPU workers configured for 2 or more threads, with libgomp as torch's OpenMP
+  runtime, no OpenMP binding in force (`omp_get_proc_bind`: an operator's OMP_PROC_BIND or
+  OMP_PLACES wins) and 2 or more CPUs in the process's affinity.
+* The peers are found once: one parallel region of the largest count the worker runs,
+  started through libgomp's own entry point (GOMP_parallel) on the device thread, whose
+  body records each member's thread id. torch's regions from that thread reuse the same
+  pool threads (the test checks that a forward starts no new thread).
+* Before each forward at 2 or more threads, when the device thread's CPU (sched_getcpu)
+  is not the one the peers were last kept off, each peer's affinity becomes the process's
+  CPUs less that one: a system call per peer only when the device thread has moved.
+* Placement never changes an answer: which CPU runs a thread changes no arithmetic.
+* Peers are kept off one CPU, not pinned one per CPU: workers that share a host's CPUs
+  would all pin their peers in the same order and collide.
+
+`peer_cpus` is pure; `PeerPlacement` makes the system calls; `openmp_team` finds the peers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+
+# libgomp's omp_proc_bind_t: 0 is omp_proc_bind_false (threads are not bound).
+_PROC_BIND_FALSE = 0
+
+
+def peer_cpus(cpus: frozenset[int], device_cpu: int) -> frozenset[int]:
+    """Where the peers may run: the process's CPUs less the device thread's (all of them
+    when the device thread runs outside the set, which an affinity change can cause)."""
+    rest = cpus - {device_cpu}
+    return rest if rest else cpus
+
+
+class PeerPlacement:
+    """Keeps `peers` (thread ids) off the CPU the calling thread runs on."""
+
+    def __init__(
+        self,
+        peers: list[int],
+        cpus: frozenset[int],
+        *,
+        current_cpu: Callable[[], int],
+        set_affinity: Callable[[int, frozenset[int]], None] = os.sched_setaffinity,
+    ) -> None:
+        self.peers = list(peers)
+        self.cpus = cpus
+        self._current_cpu = current_cpu
+        self._set_affinity = set_affinity
+        self._kept_off: int | None = None
+        self.moves = 0  # how often the peers were placed anew
+
+    def before_forward(self) -> None:
+        cpu = self._current_cpu()
+        if cpu == self._kept_off:
+            return
+        allowed = peer_cpus(self.cpus, cpu)
+        for peer in self.peers:
+            try:
+                self._set_affinity(peer, allowed)
+            except ProcessLookupError:
+                pass  # a pool thread that exited; the next discovery is a restart away
+        self._kept_off = cpu
+        self.moves += 1
+
+    def card(self) -> dict:
+        return {"peers": len(self.peers), "moves": self.moves}
+
+
+def _loaded_library(fragment: str) -> str | None:
+    """The path of the loaded shared library whose name contains `fragment`, if one is."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if fragment in line and "/" in line}
+    except OSError:
+        return None
+    return min(paths) if len(paths) == 1 else None
+
+
+def openmp_team(threads: int) -> tuple[list[int] | None, str]:
+    """The thread ids of the calling thread's OpenMP team members 1..threads-1 (libgomp's
+    pool threads that torch's regions of this many threads use), or None; and why."""
+    import torch  # noqa: F401 (loads libgomp, torch's OpenMP runtime)
+
+    path = _loaded_library("libgomp")
+    if path is None:
+        return None, "torch's OpenMP runtime is not libgomp"
+    gomp = ctypes.CDLL(path)
+    gomp.omp_get_proc_bind.restype = ctypes.c_int
+    if gomp.omp_get_proc_bind() != _PROC_BIND_FALSE:
+        return None, "OpenMP binds its threads itself (OMP_PROC_BIND or OMP_PLACES)"
+    gomp.omp_get_thread_num.restype = ctypes.c_int
+    gomp.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    gomp.GOMP_parallel.restype = None
+    members: dict[int, int] = {}
+    lock = threading.Lock()
+
+    # Runs once on each member of the team, the GIL taken by ctypes around the call.
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def record(_data: int | None) -> None:
+        number = gomp.omp_get_thread_num()
+        with lock:
+            members[number] = threading.get_native_id()
+
+    gomp.GOMP_parallel(ctypes.cast(record, ctypes.c_void_p), None, threads, 0)
+    peers = [members[n] for n in sorted(members) if n != 0]
+    if len(peers) != threads - 1:
+        return None, f"libgomp started {len(peers) + 1} of {threads} threads"
+    return peers, f"{len(peers)} OpenMP peer thread(s) kept off the device thread's CPU"
+
+
+def _sched_getcpu() -> Callable[[], int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    getcpu = libc.sched_getcpu
+    getcpu.restype = ctypes.c_int
+    getcpu.argtypes = []
+    return getcpu
+
+
+def placement_for(threads: int) -> tuple[PeerPlacement | None, str]:
+    """A PeerPlacement for forwards of up to `threads` threads started on the calling
+    thread (the device thread), or None; and why. Starts the OpenMP pool if not started."""
+    if threads < 2:
+        return None, "1 thread configured"
+    if not hasattr(os, "sched_getaffinity"):
+        return None, "this platform has no CPU affinity"
+    cpus = frozenset(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, "the process may run on one CPU only"
+    try:
+        current_cpu = _sched_getcpu()
+        if current_cpu() < 0:
+            return None, f"sched_getcpu failed: {os.strerror(ctypes.get_errno())}"
+    except (AttributeError, OSError) as error:
+        return None, f"sched_getcpu is unavailable: {error}"
+    peers, detail = openmp_team(threads)
+    if peers is None:
+        return None, detail
+    return PeerPlacement(peers, cpus, current_cpu=current_cpu), detail
