@@ -177,17 +177,9 @@ def test_yielding_is_refused_to_a_learning_runner():
 async def test_the_card_says_whether_the_worker_yields_and_why(tiny_model_dir, threads):
     """A real worker: at 2 threads the probe decides (tiny BERT on BLAS: MKL's bits may or
     may not move with the count on a host), at 1 there is nothing to yield."""
-    from worker_fakes import passing_golden, running
+    from worker_fakes import card_entry
 
-    from sr.worker.options import WorkerOptions
-
-    before = torch.get_num_threads()
-    try:
-        opts = WorkerOptions(artifact=str(tiny_model_dir), threads=threads)
-        async with running(opts, golden_check_fn=passing_golden) as service:
-            card = service.card()["cpu_yield"]
-    finally:
-        torch.set_num_threads(before)
+    card = await card_entry(tiny_model_dir, threads, "cpu_yield")
     if threads == 1:
         assert card == {"enabled": False, "reason": "1 thread configured"}
     elif card["enabled"]:

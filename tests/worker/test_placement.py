@@ -157,17 +157,9 @@ def test_one_thread_has_no_peers_to_place():
 
 @pytest.mark.parametrize("threads", [1, 2])
 async def test_the_card_says_whether_the_worker_places_its_peers(tiny_model_dir, threads):
-    from worker_fakes import passing_golden, running
+    from worker_fakes import card_entry
 
-    from sr.worker.options import WorkerOptions
-
-    before = torch.get_num_threads()
-    try:
-        opts = WorkerOptions(artifact=str(tiny_model_dir), threads=threads)
-        async with running(opts, golden_check_fn=passing_golden) as service:
-            card = service.card()["cpu_placement"]
-    finally:
-        torch.set_num_threads(before)
+    card = await card_entry(tiny_model_dir, threads, "cpu_placement")
     if threads == 1:
         assert card == {"enabled": False, "reason": "1 thread configured"}
     elif len(os.sched_getaffinity(0)) < 2:

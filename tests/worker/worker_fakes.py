@@ -85,6 +85,18 @@ async def running(options: WorkerOptions, **kwargs):
         nursery.cancel_scope.cancel()
 
 
+async def card_entry(model_dir, threads: int, entry: str) -> dict:
+    """One entry of the card of a real worker of `model_dir` at `threads` threads (golden
+    check passed), the process's thread count restored after."""
+    before = torch.get_num_threads()
+    try:
+        opts = WorkerOptions(artifact=str(model_dir), threads=threads)
+        async with running(opts, golden_check_fn=passing_golden) as service:
+            return service.card()[entry]
+    finally:
+        torch.set_num_threads(before)
+
+
 async def post(service: WorkerService, path: str, body) -> tuple[int, dict]:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     status, _headers, payload = await service.handle("POST", path, raw)
