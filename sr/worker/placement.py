@@ -82,14 +82,13 @@ class PeerPlacement:
         return {"peers": len(self.peers), "moves": self.moves}
 
 
-def _loaded_library(fragment: str) -> str | None:
-    """The path of the loaded shared library whose name contains `fragment`, if one is."""
+def _loaded_libraries(fragment: str) -> set[str]:
+    """The paths of the loaded shared libraries whose names contain `fragment`."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if fragment in line and "/" in line}
+            return {line.split()[-1] for line in maps if fragment in line and "/" in line}
     except OSError:
-        return None
-    return min(paths) if len(paths) == 1 else None
+        return set()
 
 
 def openmp_team(threads: int) -> tuple[list[int] | None, str]:
@@ -97,10 +96,11 @@ def openmp_team(threads: int) -> tuple[list[int] | None, str]:
     pool threads that torch's regions of this many threads use), or None; and why."""
     import torch  # noqa: F401 (loads libgomp, torch's OpenMP runtime)
 
-    path = _loaded_library("libgomp")
-    if path is None:
-        return None, "torch's OpenMP runtime is not libgomp"
-    gomp = ctypes.CDLL(path)
+    paths = _loaded_libraries("libgomp")
+    if len(paths) != 1:
+        # none: torch uses another OpenMP runtime; several: which one torch uses is unknown
+        return None, f"{len(paths)} copies of libgomp loaded, not one"
+    gomp = ctypes.CDLL(paths.pop())
     gomp.omp_get_proc_bind.restype = ctypes.c_int
     if gomp.omp_get_proc_bind() != _PROC_BIND_FALSE:
         return None, "OpenMP binds its threads itself (OMP_PROC_BIND or OMP_PLACES)"

@@ -151,6 +151,21 @@ def test_a_placement_keeps_the_peer_off_the_device_threads_cpu():
     assert "kept off the device thread's CPU" in _in_fresh_thread(check)
 
 
+@TWO_CPUS
+def test_an_operators_openmp_binding_wins():
+    """libgomp reads OMP_PROC_BIND as torch loads: a process of its own."""
+    import subprocess
+    import sys
+
+    code = "from sr.worker.placement import placement_for; print(placement_for(2)[1])"
+    env = {**os.environ, "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "OpenMP binds its threads itself (OMP_PROC_BIND or OMP_PLACES)"
+
+
 def test_one_thread_has_no_peers_to_place():
     assert placement_for(1) == (None, "1 thread configured")
 
