@@ -7,7 +7,9 @@ Sides, each in a process of its own (libgomp reads GOMP_SPINCOUNT once, at load)
 * `spin1000`: 1000 spins, no yielding (what workers ran before);
 * `spin20000`: 20000 spins, no yielding (the spin count alone);
 * `yield`: 20000 spins (sr.pool.replica.WORKER_SPIN_COUNT) and the runner allowed to yield
-  as WorkerService allows it (the start-up probe, then the policy on /proc/stat).
+  as WorkerService allows it (the start-up probe, then the policy on /proc/stat);
+* `placed`: as `yield`, and the OpenMP peers kept off the device thread's CPU
+  (sr.worker.placement), as WorkerService places them: what a worker runs now.
 Loads: `quiet`, and `loaded`: a child process busy-looping in Python for the side's run
 (killed after it; the host has 2 cores, so it holds one).
 Cases: one medium and one short text (bench_profile's), each after an idle pause of 0.1 s
@@ -27,7 +29,13 @@ import time
 
 from bench.harness import print_table, write_result
 
-SIDES = {"spin1000": (1000, False), "spin20000": (20000, False), "yield": (20000, True)}
+# side: (GOMP_SPINCOUNT, yielding, peer placement)
+SIDES = {
+    "spin1000": (1000, False, False),
+    "spin20000": (20000, False, False),
+    "yield": (20000, True, False),
+    "placed": (20000, True, True),
+}
 IDLE_PAUSE_S = 0.1
 
 
@@ -37,6 +45,7 @@ def child(spec: dict) -> None:
     from bench.bench_profile import case_texts
     from bench.harness import embedded_artifact
     from sr.models import load_model, resolve_artifact
+    from sr.worker.placement import placement_for
     from sr.worker.threads import ForwardRunner
     from sr.worker.warmup import core_yield_for
 
@@ -48,6 +57,10 @@ def child(spec: dict) -> None:
         core_yield, detail = core_yield_for(model, 2, 256)
         if core_yield is not None:
             runner.allow_yielding(core_yield)
+    if spec["place"]:  # as WorkerService places them
+        placement, _ = placement_for(2)
+        if placement is not None:
+            runner.place_peers(placement)
     rows = {
         name: model.tokenize(case_texts(model.tokenizer, name, 1)) for name in ("medium", "short")
     }
@@ -68,10 +81,10 @@ def child(spec: dict) -> None:
 
 
 def run_side(side: str, forwards: int) -> dict:
-    spin, yielding = SIDES[side]
+    spin, yielding, place = SIDES[side]
     env = {**os.environ, "GOMP_SPINCOUNT": str(spin)}
     env.pop("OMP_NUM_THREADS", None)
-    spec = json.dumps({"yield": yielding, "forwards": forwards})
+    spec = json.dumps({"yield": yielding, "place": place, "forwards": forwards})
     done = subprocess.run(
         [sys.executable, "-m", "bench.bench_yield", "--child", spec],
         env=env, capture_output=True, text=True, timeout=600, check=True,
