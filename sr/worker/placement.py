@@ -22,7 +22,9 @@ Rules:
 * Before each forward at 2 or more threads, when the device thread's CPU (sched_getcpu)
   is not the one the peers were last kept off, each peer's affinity becomes the process's
   CPUs less that one: a system call per peer only when the device thread has moved.
-* Placement never changes an answer: which CPU runs a thread changes no arithmetic.
+* Placement never changes an answer: which CPU runs a thread changes no arithmetic. Nor
+  does it fail a forward: the process's CPUs are read at each move (a container's cpuset
+  may change), and a placement the kernel refuses stops, saying why in the card.
 * Peers are kept off one CPU, not pinned one per CPU: workers that share a host's CPUs
   would all pin their peers in the same order and collide.
 
@@ -35,6 +37,8 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
+
+from sr.worker.contention import usable_cpus
 
 # libgomp's omp_proc_bind_t: 0 is omp_proc_bind_false (threads are not bound).
 _PROC_BIND_FALSE = 0
@@ -53,33 +57,45 @@ class PeerPlacement:
     def __init__(
         self,
         peers: list[int],
-        cpus: frozenset[int],
         *,
         current_cpu: Callable[[], int],
+        usable_cpus: Callable[[], frozenset[int]],
         set_affinity: Callable[[int, frozenset[int]], None] = os.sched_setaffinity,
     ) -> None:
         self.peers = list(peers)
-        self.cpus = cpus
         self._current_cpu = current_cpu
+        self._usable_cpus = usable_cpus
         self._set_affinity = set_affinity
         self._kept_off: int | None = None
         self.moves = 0  # how often the peers were placed anew
+        self.stopped: str | None = None  # why placement stopped, if it did
 
     def before_forward(self) -> None:
+        if self.stopped is not None:
+            return
         cpu = self._current_cpu()
         if cpu == self._kept_off:
             return
-        allowed = peer_cpus(self.cpus, cpu)
+        try:
+            self._place(cpu)
+        except OSError as error:  # a placement the kernel refuses stops, never the forward
+            self.stopped = f"{type(error).__name__}: {error}"
+            return
+        self._kept_off = cpu
+        self.moves += 1
+
+    def _place(self, cpu: int) -> None:
+        # Read at each move: the process's CPUs may change under it (a container's cpuset).
+        allowed = peer_cpus(self._usable_cpus(), cpu)
         for peer in self.peers:
             try:
                 self._set_affinity(peer, allowed)
             except ProcessLookupError:
-                pass  # a pool thread that exited; the next discovery is a restart away
-        self._kept_off = cpu
-        self.moves += 1
+                pass  # a pool thread that exited: nothing left to place
 
     def card(self) -> dict:
-        return {"peers": len(self.peers), "moves": self.moves}
+        card = {"peers": len(self.peers), "moves": self.moves}
+        return card if self.stopped is None else {**card, "stopped": self.stopped}
 
 
 def _loaded_libraries(fragment: str) -> set[str]:
@@ -139,8 +155,7 @@ def placement_for(threads: int) -> tuple[PeerPlacement | None, str]:
         return None, "1 thread configured"
     if not hasattr(os, "sched_getaffinity"):
         return None, "this platform has no CPU affinity"
-    cpus = frozenset(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    if len(usable_cpus()) < 2:
         return None, "the process may run on one CPU only"
     try:
         current_cpu = _sched_getcpu()
@@ -151,4 +166,4 @@ def placement_for(threads: int) -> tuple[PeerPlacement | None, str]:
     peers, detail = openmp_team(threads)
     if peers is None:
         return None, detail
-    return PeerPlacement(peers, cpus, current_cpu=current_cpu), detail
+    return PeerPlacement(peers, current_cpu=current_cpu, usable_cpus=usable_cpus), detail

@@ -28,10 +28,12 @@ def test_peers_may_run_on_every_cpu_but_the_device_threads():
 
 
 class _Host:
-    """The device thread's CPU and each thread's affinity, as the placement sets them."""
+    """The device thread's CPU, the process's CPUs and each thread's affinity, as the
+    placement reads and sets them."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: set[int]) -> None:
         self.cpu = 0
+        self.cpus = frozenset(cpus)
         self.affinity: dict[int, frozenset[int]] = {}
         self.calls = 0
         self.gone: set[int] = set()
@@ -40,15 +42,20 @@ class _Host:
         self.calls += 1
         if tid in self.gone:
             raise ProcessLookupError(tid)
+        if not cpus <= self.cpus:
+            raise OSError(22, "Invalid argument")
         self.affinity[tid] = frozenset(cpus)
+
+    def placement(self, peers: list[int]) -> PeerPlacement:
+        return PeerPlacement(
+            peers, current_cpu=lambda: self.cpu, usable_cpus=lambda: self.cpus,
+            set_affinity=self.set_affinity,
+        )  # fmt: skip
 
 
 def test_peers_move_only_when_the_device_thread_has_moved():
-    host = _Host()
-    placement = PeerPlacement(
-        [11, 12], frozenset({0, 1, 2}), current_cpu=lambda: host.cpu,
-        set_affinity=host.set_affinity,
-    )  # fmt: skip
+    host = _Host({0, 1, 2})
+    placement = host.placement([11, 12])
     placement.before_forward()
     assert host.affinity == {11: {1, 2}, 12: {1, 2}} and host.calls == 2
     placement.before_forward()  # same CPU: no system call
@@ -60,14 +67,34 @@ def test_peers_move_only_when_the_device_thread_has_moved():
 
 
 def test_a_peer_that_has_exited_does_not_stop_the_others():
-    host = _Host()
+    host = _Host({0, 1})
     host.gone.add(11)
+    host.placement([11, 12]).before_forward()
+    assert host.affinity == {12: {1}}
+
+
+def test_the_processs_cpus_are_read_at_each_move():
+    host = _Host({0, 1, 2, 3})
+    placement = host.placement([11])
+    placement.before_forward()
+    assert host.affinity == {11: {1, 2, 3}}
+    host.cpus, host.cpu = frozenset({2, 3}), 2  # a container's cpuset shrank
+    placement.before_forward()
+    assert host.affinity == {11: {3}}
+
+
+def test_a_placement_the_kernel_refuses_stops_and_the_forward_goes_on():
+    host = _Host({0, 1})
     placement = PeerPlacement(
-        [11, 12], frozenset({0, 1}), current_cpu=lambda: host.cpu,
+        [11], current_cpu=lambda: host.cpu, usable_cpus=lambda: frozenset({0, 1, 7}),
         set_affinity=host.set_affinity,
     )  # fmt: skip
-    placement.before_forward()
-    assert host.affinity == {12: {1}}
+    placement.before_forward()  # CPU 7 is not the process's: EINVAL
+    assert placement.stopped == "OSError: [Errno 22] Invalid argument"
+    host.cpu = 1
+    placement.before_forward()  # stopped: no more system calls
+    assert host.calls == 1
+    assert placement.card() == {"peers": 1, "moves": 0, "stopped": placement.stopped}
 
 
 class _CountingPlacement:
