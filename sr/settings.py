@@ -34,8 +34,10 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
   HF_HUB_CACHE, HF_HOME           where the Hugging Face hub cache is (sr.models.artifacts)
   HF_ENDPOINT, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE   Hub downloads (sr.models.download)
 Passed on to workers and read there by the libraries themselves: HF_TOKEN, GOMP_SPINCOUNT
-(sr sets 1000 unless given), CUDA_VISIBLE_DEVICES and the ROCm masks,
-ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY (sr.models.kernels).
+(sr sets 20000 unless given, 1000 with adaptive threads: sr.pool.replica), OMP_PROC_BIND and
+OMP_PLACES (OpenMP then binds the threads, and sr.worker.placement steps aside),
+CUDA_VISIBLE_DEVICES and the ROCm masks, ONEDNN_PRIMITIVE_CACHE_CAPACITY and
+LRU_CACHE_CAPACITY (sr.models.kernels).
 """
 
 from __future__ import annotations
