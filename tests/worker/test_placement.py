@@ -179,6 +179,25 @@ def test_a_placement_keeps_the_peer_off_the_device_threads_cpu():
 
 
 @TWO_CPUS
+def test_placed_peers_give_the_same_bits(tiny_model_dir):
+    from sr.models import load_model
+
+    model = load_model(tiny_model_dir)
+    rows = model.tokenize(["a text to embed", "another, somewhat longer text to embed here"])
+
+    def check():
+        torch.set_num_threads(2)
+        unplaced = model.embed(rows)
+        placement, detail = placement_for(2)
+        assert placement is not None, detail
+        placement.before_forward()
+        return unplaced, model.embed(rows)
+
+    unplaced, placed = _in_fresh_thread(check)
+    assert torch.equal(unplaced.view(torch.int32), placed.view(torch.int32))
+
+
+@TWO_CPUS
 def test_an_operators_openmp_binding_wins():
     """libgomp reads OMP_PROC_BIND as torch loads: a process of its own."""
     import subprocess
