@@ -8,7 +8,7 @@ after idleness"): after an idle pause Linux woke the sleeping peer on the device
 own CPU, not on the idle one (an idle virtual CPU is reported as preempted, so the
 scheduler does not count it as available), and the two threads then took turns on that
 CPU, each spinning ~0.5 ms at every barrier while the other waited: one short text took
-11-18 ms at 2 threads against 4-5 ms back to back. Kept off the device thread's CPU, the
+11-21 ms at 2 threads against 4-5 ms back to back. Kept off the device thread's CPU, the
 peer is woken where it may run.
 
 Rules:
