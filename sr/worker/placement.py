@@ -5,8 +5,9 @@ device thread is member 0 of the team, libgomp's pool threads (the peers) are th
 and all of them meet at a barrier after every region, spinning GOMP_SPINCOUNT times before
 they sleep. Traced with `perf sched` on a 2-vCPU VM (docs/benchmarks.md, "OpenMP peers
 after idleness"): after an idle pause Linux woke the sleeping peer on the device thread's
-own CPU, not on the idle one (an idle virtual CPU is reported as preempted, so the
-scheduler does not count it as available), and the two threads then took turns on that
+own CPU, not on the idle one (likely because an idle virtual CPU reports itself preempted
+and the scheduler's idle-CPU search skips it; the trace shows the effect, not the cause),
+and the two threads then took turns on that
 CPU, each spinning ~0.5 ms at every barrier while the other waited: one short text took
 11-21 ms at 2 threads against 4-5 ms back to back. Kept off the device thread's CPU, the
 peer is woken where it may run.
