@@ -154,10 +154,8 @@ def placement_for(threads: int) -> tuple[PeerPlacement | None, str]:
     thread (the device thread), or None; and why. Starts the OpenMP pool if not started."""
     if threads < 2:
         return None, "1 thread configured"
-    if not hasattr(os, "sched_getaffinity"):
-        return None, "this platform has no CPU affinity"
-    if len(usable_cpus()) < 2:
-        return None, "the process may run on one CPU only"
+    if len(usable_cpus()) < 2:  # empty where the platform has no CPU affinity
+        return None, "fewer than 2 CPUs usable (or the platform cannot say)"
     try:
         current_cpu = _sched_getcpu()
         if current_cpu() < 0:

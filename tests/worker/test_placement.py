@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -141,6 +142,13 @@ def _tasks() -> set[int]:
     return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
+def _cpu_ticks(tid: int) -> int:
+    """utime + stime of one thread of this process, in clock ticks."""
+    with open(f"/proc/self/task/{tid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 @TWO_CPUS
 def test_the_team_found_is_the_one_torch_runs_its_regions_on():
     def check():
@@ -149,11 +157,17 @@ def test_the_team_found_is_the_one_torch_runs_its_regions_on():
         peers, detail = openmp_team(2)
         assert peers is not None, detail
         assert len(peers) == 1 and peers[0] != me and peers[0] in _tasks()
-        before = _tasks()
+        time.sleep(0.3)  # the peer stops spinning after the discovery region, then sleeps
+        before, peer_cpu = _tasks(), _cpu_ticks(peers[0])
         x = torch.randn(256, 1024)
-        for _ in range(20):  # parallel regions of 2 threads (above torch's grain size)
-            x = (x * 1.0001).exp().log()
-        # no new thread: torch's regions ran on the team found
+        deadline = time.monotonic() + 10
+        # parallel regions of 2 threads (above torch's grain size) until the peer has
+        # computed for a clock tick: torch's work ran on the thread found
+        while _cpu_ticks(peers[0]) == peer_cpu:
+            assert time.monotonic() < deadline, "the peer found never ran torch's work"
+            for _ in range(20):
+                x = (x * 1.0001).exp().log()
+        # and no new thread: torch's regions use the team found
         assert _tasks() - before == set()
         return peers
 
