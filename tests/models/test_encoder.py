@@ -170,6 +170,21 @@ def test_rows_are_bit_identical_alone_and_in_mixed_batches(tiny):
     assert torch.equal(tiny.embed(batch), tiny.embed(batch))
 
 
+def test_rows_apart_come_back_in_the_callers_order_with_their_own_bits(tiny_head_model_dir):
+    """Rows of one length apart from each other (their attention gathers them): every
+    per-row result comes back where the caller put it, bit-identical to the row alone."""
+    model = load_model(tiny_head_model_dir)
+    rows = [[101, 7592, 102], [101, 2003, 1996, 3007, 102], [101, 2088, 102], [101, 102]]
+    seconds = [2, 3, 2, 2]
+    embedded, logits = model.embed(rows), model.classify_logits(rows)
+    pairs = model.rerank_logits(rows, seconds)
+    for i, row in enumerate(rows):
+        assert torch.equal(model.embed([row])[0], embedded[i])
+        assert torch.equal(model.classify_logits([row])[0], logits[i])
+        assert torch.equal(model.rerank_logits([row], [seconds[i]])[0], pairs[i])
+    assert not torch.equal(embedded[0], embedded[1])
+
+
 def test_head_logits_shape_labels_and_reference(tiny_head_model_dir):
     model = load_model(tiny_head_model_dir)
     assert model.head_labels == ["negative", "neutral", "positive"]

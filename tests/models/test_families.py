@@ -18,7 +18,9 @@ from tests.models.reference import (
 
 transformers = pytest.importorskip("transformers")
 
-LENGTHS = [1, 5, 5, 17, 40, 3]  # equal lengths share an attention group; others do not
+# Equal lengths share an attention group: the 5s side by side (on views), the 17s apart
+# (gathered); the other lengths attend alone.
+LENGTHS = [1, 5, 5, 17, 40, 3, 17]
 TOLERANCE = 1e-5
 
 
