@@ -18,8 +18,8 @@ from tests.models.reference import (
 
 transformers = pytest.importorskip("transformers")
 
-# Equal lengths share an attention group: the 5s side by side (on views), the 17s apart
-# (gathered); the other lengths attend alone.
+# Equal lengths share an attention group, gathered into one tensor: the 5s side by side,
+# the 17s with other rows between them; the other lengths attend alone.
 LENGTHS = [1, 5, 5, 17, 40, 3, 17]
 TOLERANCE = 1e-5
 

@@ -30,7 +30,7 @@ transformers = pytest.importorskip("transformers")
 # local_attention=8 reaches 4 tokens each side: the rows of 17 and 40 tokens meet the
 # window on local layers, the rows of 1, 3 and 5 tokens fit inside it. Equal lengths (5, 5)
 # share an attention group.
-LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # 5s side by side, 17s apart (see test_families)
+LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # the 17s apart (see test_families)
 WINDOW = 8
 TOLERANCE = 1e-5
 

@@ -28,7 +28,7 @@ transformers = pytest.importorskip("transformers")
 # Equal lengths (5, 5) share an attention group. The rows of 40 and 150 tokens reach past
 # the 16 exact buckets into the log-spaced ones; 150 reaches the last bucket of each
 # direction, which takes every offset of 128 tokens or more.
-LENGTHS = [1, 5, 5, 17, 40, 150, 3, 17]  # 5s side by side, 17s apart (see test_families)
+LENGTHS = [1, 5, 5, 17, 40, 150, 3, 17]  # the 17s apart (see test_families)
 TOLERANCE = 1e-5
 
 

@@ -26,7 +26,7 @@ from tests.models.reference import (
 transformers = pytest.importorskip("transformers")
 
 # Rows of different lengths packed together; the two 5s share an attention group.
-LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # 5s side by side, 17s apart (see test_families)
+LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # the 17s apart (see test_families)
 TOLERANCE = 1e-5
 
 
