@@ -34,8 +34,9 @@ TOLERANCE = 1e-5
 # attention (2 key/value heads for 4 or 8 query heads), head_dim set apart from
 # hidden / heads (16 vs 12, 16 vs 4), a rope_theta other than the default, q/k/v/o biases.
 # No head is 8 wide: torch's SDPA gives a row of 9-31 (odd) tokens other bits alone than in
-# a group of two at head_dim 8 (measured at 1 thread; none at 16-128, 1 and 2 threads,
-# 1-600 tokens), which is torch's kernel, not sr's packing.
+# a group of two at head_dim 8 (measured at 1 thread), which is torch's kernel, not sr's
+# packing. At head_dim 16-128 none did (1 and 2 threads; 1-69 tokens, then every 13th to
+# 600; GQA and causal or not).
 def _gqa(**extra):
     return transformers.Qwen3Config(
         vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
