@@ -170,9 +170,10 @@ def test_rows_are_bit_identical_alone_and_in_mixed_batches(tiny):
     assert torch.equal(tiny.embed(batch), tiny.embed(batch))
 
 
-def test_rows_apart_come_back_in_the_callers_order_with_their_own_bits(tiny_head_model_dir):
-    """Rows of one length apart from each other (their attention gathers them): every
-    per-row result comes back where the caller put it, bit-identical to the row alone."""
+def test_a_gathered_group_gives_each_row_its_own_bits_in_its_place(tiny_head_model_dir):
+    """Rows 0 and 2 share a length with row 1 between them, so attention gathers them into
+    one group and scatters the result back: each row's embedding, logits and pair logits
+    are where the caller put the row and bit-identical to the row alone."""
     model = load_model(tiny_head_model_dir)
     rows = [[101, 7592, 102], [101, 2003, 1996, 3007, 102], [101, 2088, 102], [101, 102]]
     seconds = [2, 3, 2, 2]
@@ -182,7 +183,9 @@ def test_rows_apart_come_back_in_the_callers_order_with_their_own_bits(tiny_head
         assert torch.equal(model.embed([row])[0], embedded[i])
         assert torch.equal(model.classify_logits([row])[0], logits[i])
         assert torch.equal(model.rerank_logits([row], [seconds[i]])[0], pairs[i])
-    assert not torch.equal(embedded[0], embedded[1])
+    # the two rows of the group differ, so a swap in the scatter would fail the loop above
+    assert not torch.equal(embedded[0], embedded[2])
+    assert not torch.equal(logits[0], logits[2])
 
 
 def test_head_logits_shape_labels_and_reference(tiny_head_model_dir):
