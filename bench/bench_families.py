@@ -5,13 +5,15 @@
         [--reference transformers|sentence-transformers] [--models-dir DIR] [--profile]
         [--out NAME]
 
-For each family sr serves (bert, xlm-roberta, mpnet, modernbert, qwen3) a random model of
-a real checkpoint's widths and head counts, fewer layers (bench/family_models.py), is
-written with transformers' `save_pretrained` and loaded twice: by sr (`load_model`, then
+For each family sr serves (bert, xlm-roberta, mpnet, deberta-v2, modernbert, qwen3,
+gemma3_text) a random model of a real checkpoint's widths and head counts, fewer layers
+(bench/family_models.py), is written with transformers' `save_pretrained` and loaded
+twice: by sr (`load_model`, then
 `embed(ids)`: packed rows, no padding) and by transformers (`AutoModel`, eval,
 inference_mode, its default attention implementation), whose forward on the same token ids
 is followed by the pooling sentence-transformers applies (attention-masked mean for the
-encoders, the last token for qwen3, then L2 normalisation). Cases:
+encoders and gemma3_text, the last token for qwen3; then gemma3_text's two Dense modules,
+as EmbeddingGemma's, in float32 as sr applies them; then L2 normalisation). Cases:
   * short: one ~9-token text, latency (median ms);
   * long: one ~120-token text, latency (median ms);
   * batch32: 32 texts of 6 to ~128 tokens, throughput (texts/s): sr packs them into one
@@ -51,7 +53,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.family_models import FAMILIES, FamilySpec, cached_family, quiet_transformers
+from bench.family_models import (
+    FAMILIES,
+    FamilySpec,
+    cached_family,
+    dense_weights,
+    quiet_transformers,
+)
 from bench.harness import ROOT, print_table, write_result
 
 LATENCY_TARGET = 1.0  # sr ms / reference ms, at most
@@ -147,6 +155,8 @@ class Reference:
         pad = self.model.config.pad_token_id
         self.pad_id = 0 if pad is None or pad >= self.model.config.vocab_size else int(pad)
         self.attn_implementation = getattr(self.model.config, "_attn_implementation", None)
+        # The Dense modules after pooling (float32, as sr runs them), if the family has any.
+        self.dense = [w.to(self.device) for w in dense_weights(folder, spec)]
 
     def _pad(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(row) for row in batch)
@@ -169,6 +179,10 @@ class Reference:
         with torch.inference_mode():
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
             pooled = self._pool(hidden, mask)
+            if self.dense:
+                pooled = pooled.float()
+                for weight in self.dense:
+                    pooled = F.linear(pooled, weight)
             if self.spec.normalize:
                 pooled = F.normalize(pooled, p=2.0, dim=1)
             return pooled.float().cpu()

@@ -10,8 +10,9 @@ model is built by transformers itself (`AutoConfig.for_model` + `AutoModel.from_
 its own weight init) and written with `save_pretrained` (safetensors), together with the
 embedded MiniLM's tokenizer files (every family reads token ids below 30522, so the
 vocabulary only has to be that large) and the sentence-transformers module files of the
-original (Transformer -> Pooling -> Normalize, with its pooling mode), so sr,
-transformers and sentence-transformers all load the same folder.
+original (Transformer -> Pooling -> [Dense ...] -> Normalize, with its pooling mode; the
+Dense modules, EmbeddingGemma's, get seeded random weights), so sr, transformers and
+sentence-transformers all load the same folder.
 
 Used by bench/bench_families.py and bench/gpu_check.sh (`python -m bench.family_models
 NAME ROOT` writes ROOT/<name>-L<layers>-s<seed>, or reuses it, and prints its path).
@@ -50,6 +51,9 @@ class FamilySpec:
     pooling: str = "mean"  # sentence-transformers pooling mode of the original
     normalize: bool = True
     padding_side: str = "right"  # how sentence-transformers pads a batch of it
+    # sentence-transformers Dense modules after pooling, (in, out) each: no bias, Identity
+    # activation, as EmbeddingGemma's two.
+    dense: tuple[tuple[int, int], ...] = ()
 
     @property
     def model_type(self) -> str:
@@ -59,11 +63,12 @@ class FamilySpec:
         c = self.config
         kv = f", {c['num_key_value_heads']} kv heads" if "num_key_value_heads" in c else ""
         dim = f", head_dim {c['head_dim']}" if "head_dim" in c else ""
+        dense = "".join(f" + dense {n_in}->{n_out}" for n_in, n_out in self.dense)
         return (
             f"{self.like}-like: hidden {c['hidden_size']}, {c['num_attention_heads']} heads"
             f"{kv}{dim}, intermediate {c['intermediate_size']}, "
             f"{layers or self.layers} of {self.real_layers} layers, vocab {c['vocab_size']}, "
-            f"{self.pooling} pooling{' + normalize' if self.normalize else ''}"
+            f"{self.pooling} pooling{dense}{' + normalize' if self.normalize else ''}"
         )
 
 
@@ -128,6 +133,31 @@ FAMILIES: dict[str, FamilySpec] = {
             ),
         ),
         FamilySpec(
+            "deberta-v2",
+            like="microsoft/deberta-v3-base",
+            real_layers=12,
+            layers=4,
+            # The real vocabulary is 128100 ids (394 MB of float32 embeddings).
+            config=dict(
+                vocab_size=30522,
+                hidden_size=768,
+                num_attention_heads=12,
+                intermediate_size=3072,
+                max_position_embeddings=512,
+                relative_attention=True,
+                position_buckets=256,
+                max_relative_positions=-1,
+                pos_att_type=["p2c", "c2p"],
+                share_att_key=True,
+                norm_rel_ebd="layer_norm",
+                position_biased_input=False,
+                type_vocab_size=0,
+                hidden_act="gelu",
+                layer_norm_eps=1e-7,
+                pad_token_id=0,
+            ),
+        ),
+        FamilySpec(
             "modernbert",
             like="answerdotai/ModernBERT-base",
             real_layers=22,
@@ -177,6 +207,38 @@ FAMILIES: dict[str, FamilySpec] = {
             pooling="lasttoken",
             padding_side="left",  # Qwen3-Embedding's tokenizer pads on the left
         ),
+        FamilySpec(
+            "gemma3_text",
+            like="google/embeddinggemma-300m",
+            real_layers=24,
+            layers=6,  # layers 0-4 sliding, layer 5 full (every sixth, as the original)
+            # The real vocabulary is 262144 ids (805 MB of float32 embeddings).
+            config=dict(
+                vocab_size=30522,
+                hidden_size=768,
+                num_attention_heads=3,
+                num_key_value_heads=1,
+                head_dim=256,
+                intermediate_size=1152,
+                max_position_embeddings=2048,
+                hidden_activation="gelu_pytorch_tanh",
+                rms_norm_eps=1e-6,
+                query_pre_attn_scalar=256,
+                sliding_window=512,
+                sliding_window_pattern=6,
+                use_bidirectional_attention=True,
+                rope_parameters={
+                    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                },
+                attention_bias=False,
+                pad_token_id=0,
+                bos_token_id=2,
+                eos_token_id=1,
+            ),
+            pooling="mean",
+            dense=((768, 3072), (3072, 768)),
+        ),
     )
 }
 
@@ -187,12 +249,58 @@ def _embedded_tokenizer_dir() -> Path:
     return embedded_default_dir()
 
 
-def _module_files(folder: Path, spec: FamilySpec, hidden: int) -> None:
+def _module_files(folder: Path, spec: FamilySpec, hidden: int, seed: int) -> None:
     from sr.models.testing import write_sentence_transformers_modules
 
     write_sentence_transformers_modules(
         folder, hidden, MAX_SEQ_LENGTH, pooling=spec.pooling, normalize=spec.normalize
     )
+    if spec.dense:
+        _dense_files(folder, spec, seed)
+
+
+DENSE_IDENTITY = "torch.nn.modules.linear.Identity"
+
+
+def _dense_files(folder: Path, spec: FamilySpec, seed: int) -> None:
+    """The Dense modules between Pooling and Normalize: config.json and seeded random
+    `linear.weight` (nn.Linear's init scale) in model.safetensors, as sentence-transformers
+    saves them; modules.json renumbered around them."""
+    from safetensors.torch import save_file
+
+    modules = json.loads((folder / "modules.json").read_text())
+    head, tail = modules[:2], modules[2:]  # Transformer, Pooling | [Normalize]
+    generator = torch.Generator().manual_seed(seed)
+    for n_in, n_out in spec.dense:
+        idx = len(head)
+        path = folder / f"{idx}_Dense"
+        path.mkdir(exist_ok=True)
+        config = {"in_features": n_in, "out_features": n_out, "bias": False,
+                  "activation_function": DENSE_IDENTITY}  # fmt: skip
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+        bound = n_in**-0.5
+        weight = (torch.rand(n_out, n_in, generator=generator) * 2 - 1) * bound
+        save_file({"linear.weight": weight.contiguous()}, str(path / "model.safetensors"))
+        head.append({"idx": idx, "name": str(idx), "path": path.name,
+                     "type": "sentence_transformers.models.Dense"})  # fmt: skip
+    for module in tail:
+        idx = len(head)
+        old, new = folder / module["path"], folder / f"{idx}_{module['type'].rsplit('.', 1)[1]}"
+        if old != new:
+            old.rename(new)
+        head.append({**module, "idx": idx, "name": str(idx), "path": new.name})
+    (folder / "modules.json").write_text(json.dumps(head, indent=2))
+
+
+def dense_weights(folder: Path, spec: FamilySpec) -> list[torch.Tensor]:
+    """The Dense modules' weights of a folder written here, in order (the reference
+    applies them after pooling)."""
+    from safetensors.torch import load_file
+
+    return [
+        load_file(str(folder / f"{idx}_Dense" / "model.safetensors"))["linear.weight"]
+        for idx in range(2, 2 + len(spec.dense))
+    ]
 
 
 def _tokenizer_files(folder: Path, spec: FamilySpec) -> None:
@@ -238,7 +346,7 @@ def build_family(name: str, folder: Path, *, layers: int | None = None, seed: in
     model = transformers.AutoModel.from_config(config)
     model.save_pretrained(folder, safe_serialization=True)
     _tokenizer_files(folder, spec)
-    _module_files(folder, spec, int(config.hidden_size))
+    _module_files(folder, spec, int(config.hidden_size), seed)
     return folder
 
 

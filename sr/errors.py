@@ -16,7 +16,7 @@ is an `SrError`, defined in this module:
         │   └── EmptyInput    400 invalid_request; TEI's routes answer it as TEI's `Empty`
         ├── InvalidConfig     400 invalid_config (POST /api/v1/reload)
         ├── InvalidApiKey     401 invalid_api_key
-        ├── Forbidden         403 forbidden (a CORS preflight from an origin not allowed)
+        ├── Forbidden         403 forbidden (an Origin or Host the listener does not allow)
         ├── NotFound          404 not_found (no such route)
         ├── ModelNotFound     404 model_not_found
         ├── ReplicaNotFound   404 replica_not_found (POST /api/v1/faults)
@@ -27,6 +27,7 @@ is an `SrError`, defined in this module:
         │   ├── ReloadInProgress  409 reload_in_progress (one reload at a time)
         │   └── ReloadUnavailable 409 reload_unavailable (no config file to re-read)
         ├── RequestTooLarge   413 request_too_large
+        ├── UnsupportedMediaType 415 unsupported_media_type (a POST body that is not JSON)
         ├── HeadersTooLarge   431 request_header_fields_too_large (request head or trailers)
         ├── ForwardFailed     500 worker_failed (inside a worker: a forward raised)
         ├── WorkerFailed      502 worker_failed
@@ -263,6 +264,10 @@ class ReloadUnavailable(ReloadRejected):
 class RequestTooLarge(RequestError):
     status, code = 413, "request_too_large"
     names_field = True
+
+
+class UnsupportedMediaType(RequestError):
+    status, code = 415, "unsupported_media_type"
 
 
 class HeadersTooLarge(RequestError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import shutil
+import socket
 import sys
 import types
 
@@ -11,6 +13,7 @@ import pytest
 from sr.config.load import dump_config, parse_config
 from sr.config.schema import default_config
 from sr.errors import ConfigIssue
+from sr.models.testing import TINY_MAX_POSITIONS
 from sr.router import serve_cli
 
 CPU_HOST = {"SR_GPU_INVENTORY": ""}
@@ -24,8 +27,10 @@ def router(monkeypatch):
     module = types.ModuleType("sr.router.serve")
 
     def run_sr_serve(
-        config, *, config_path, host, port, threads, log_format, access_log, settings=None
-    ):
+        config, *, config_path, host, port, threads, log_format, access_log, settings=None,
+        write_config,
+    ):  # fmt: skip
+        write_config()  # as the router does once its listener is bound
         calls.append(
             {"config": config, "path": config_path, "host": host, "port": port, "t": threads,
              "log_format": log_format, "access_log": access_log}
@@ -42,6 +47,14 @@ def no_router(monkeypatch):
     monkeypatch.setitem(sys.modules, "sr.router.serve", None)  # import raises ImportError
 
 
+def served_default():
+    """default_config() as `sr serve` writes it: the embedded model's own input limit, 256
+    (its sentence_bert_config.json's max_seq_length)."""
+    cfg = default_config()
+    cfg.deployments["primary"].input.max_tokens = 256
+    return cfg
+
+
 def serve(path, *args, env=CPU_HOST) -> int:
     return serve_cli.main([*args, "--config", str(path)], env=env)
 
@@ -54,11 +67,21 @@ def one_error_line(capsys) -> str:
 
 def test_missing_config_is_created_and_handed_to_the_router(tmp_path, router):
     path = tmp_path / "config.yaml"
-    assert serve(path, "--host", "0.0.0.0", "--port", "9000", "--threads", "2") == 0
-    assert path.read_text() == dump_config(default_config())
+    assert serve(path, "--threads", "2") == 0
+    assert path.read_text() == dump_config(served_default())
     (call,) = router
-    assert call["config"] == default_config()
-    assert (call["path"], call["host"], call["port"], call["t"]) == (path, "0.0.0.0", 9000, 2)
+    assert call["config"] == served_default()
+    assert (call["path"], call["t"]) == (path, 2)
+
+
+def test_host_and_port_are_written_to_the_first_listener(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "--host", "0.0.0.0", "--port", "9000") == 0
+    (listener,) = parse_config(path.read_text()).listeners
+    assert (listener.host, listener.port) == ("0.0.0.0", 9000)
+    assert router[0]["config"].listeners[0] == listener
+    assert serve(path) == 0  # the next start reads the same address
+    assert router[1]["config"].listeners[0] == listener
 
 
 def test_router_defaults_are_none(tmp_path, router):
@@ -81,7 +104,7 @@ def test_log_format_and_access_log_reach_the_router_and_not_the_config(
         ("text", False),
         ("json", False),
     ]
-    assert path.read_text() == dump_config(default_config())
+    assert path.read_text() == dump_config(served_default())
 
 
 def test_default_config_path_is_the_working_directory(tmp_path, monkeypatch, router):
@@ -112,7 +135,7 @@ def test_unchanged_config_is_not_rewritten(tmp_path, router):
     path = tmp_path / "config.yaml"
     text = "global:\n  model_catalog:\n    deployments:\n      primary: {artifact: /m}\n"
     path.write_text(text)  # valid, not canonical: rewriting would change its bytes
-    assert serve(path, "--port", "1234") == 0
+    assert serve(path, "--port", "8899") == 0  # the port it has already
     assert path.read_text() == text
     assert router[0]["config"].deployments["primary"].artifact == "/m"
 
@@ -340,16 +363,29 @@ def test_flags_that_would_make_an_invalid_config_write_nothing(tmp_path, capsys,
     assert path.read_bytes() == before
 
 
-def test_write_failure_is_reported(tmp_path, capsys, router, monkeypatch):
+def test_write_failure_is_reported(tmp_path, capsys, monkeypatch):
     def refuse(path, cfg):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(serve_cli, "write_config_atomic", refuse)
-    assert serve(tmp_path / "c.yaml") == 1
+    # The real router: it binds, then the write fails before any worker starts.
+    assert serve(tmp_path / "c.yaml", "--port", "0") == 1
     assert one_error_line(capsys) == (
-        f"sr serve: error: cannot write {tmp_path / 'c.yaml'}: Permission denied"
+        f"sr serve: startup failed: cannot write {tmp_path / 'c.yaml'}: Permission denied"
     )
-    assert router == []
+
+
+def test_a_port_in_use_leaves_the_config_as_it_was(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(default_config()))
+    before = path.read_bytes()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve(path, "-dp", "2", "--port", str(port)) == 1  # a change to write
+    assert f"cannot listen on 127.0.0.1:{port}" in one_error_line(capsys)
+    assert path.read_bytes() == before
 
 
 def test_help_exits_zero(capsys):
@@ -368,3 +404,52 @@ def test_threads_above_the_cpu_budget_are_capped_silently(
     assert serve(tmp_path / "c.yaml", "--threads", str(asked)) == 0
     assert router[0]["t"] == given
     assert capsys.readouterr().err == ""
+
+
+# ---- the folder's own input limit ----------------------------------------------------
+
+
+def test_an_unset_max_tokens_becomes_the_folders_own(tmp_path, router, tiny_model_dir):
+    path = tmp_path / "config.yaml"
+    assert serve(path, str(tiny_model_dir)) == 0  # tiny: no sentence_bert_config.json
+    limits = parse_config(path.read_text()).deployments["primary"].input
+    assert limits.max_tokens == TINY_MAX_POSITIONS  # the position table's length
+
+
+def test_sentence_bert_config_sets_the_default_and_a_new_model_reads_its_own(
+    tmp_path, router, tiny_model_dir
+):
+    folder = tmp_path / "st-model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 96}')
+    path = tmp_path / "config.yaml"
+    assert serve(path, str(folder)) == 0
+    assert parse_config(path.read_text()).deployments["primary"].input.max_tokens == 96
+    assert serve(path, str(tiny_model_dir)) == 0  # MODEL: the new folder's limit
+    assert parse_config(path.read_text()).deployments["primary"].input.max_tokens == 128
+
+
+def test_an_explicit_max_tokens_wins_and_one_above_the_model_is_refused(
+    tmp_path, capsys, router, tiny_model_dir
+):
+    path = tmp_path / "config.yaml"
+    text = (
+        "global:\n  model_catalog:\n    deployments:\n      primary:\n"
+        f"        artifact: {tiny_model_dir}\n        input: {{max_tokens: 64}}\n"
+    )
+    path.write_text(text)
+    assert serve(path) == 0
+    assert router[0]["config"].deployments["primary"].input.max_tokens == 64
+    path.write_text(text.replace("64", "1000"))
+    assert serve(path) == 2
+    assert one_error_line(capsys) == (
+        "sr serve: error: global.model_catalog.deployments.primary.input.max_tokens 1000 is"
+        " above what the model takes (128 tokens, from its max_position_embeddings)"
+    )
+    assert "1000" in path.read_text()  # left as it was
+
+
+def test_a_folder_that_does_not_resolve_keeps_max_tokens_unset(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "/no/such/model") == 0
+    assert parse_config(path.read_text()).deployments["primary"].input.max_tokens is None

@@ -53,7 +53,7 @@ class EngineArgs:
     artifact: str
     revision: str | None = None
     profile: str = "exact"
-    max_tokens: int = 256
+    max_tokens: int | None = None  # None: the folder's own limit (sr.models.limits)
     overflow: str = "reject"
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None

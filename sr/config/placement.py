@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from sr.config.schema import MAX_REPLICAS, Deployment, Replica, SrConfig
+from sr.config.schema import MAX_REPLICAS, Deployment, Listener, Replica, SrConfig
 from sr.devices import GPU_PLATFORMS, host_id_to_device, inventory_platform
 from sr.errors import UsageError
 
@@ -39,6 +39,8 @@ class ServeFlags:
     platform: str = "auto"
     data_parallel: int | None = None
     device_ids: str | None = None
+    host: str | None = None
+    port: int | None = None
 
     @property
     def places(self) -> bool:
@@ -154,6 +156,19 @@ def place(
     return [Replica(device=d) for d in available[:n]]
 
 
+def _apply_listener(cfg: SrConfig, flags: ServeFlags) -> None:
+    """`--host`/`--port` land on the first listener, so the file says where sr listens and
+    the next start (and `sr inventory`) reads the same address."""
+    if flags.host is None and flags.port is None:
+        return
+    if not cfg.listeners:
+        cfg.listeners.append(Listener())
+    if flags.host is not None:
+        cfg.listeners[0].host = flags.host
+    if flags.port is not None:
+        cfg.listeners[0].port = flags.port
+
+
 def apply_flags(
     cfg: SrConfig,
     flags: ServeFlags,
@@ -165,6 +180,7 @@ def apply_flags(
     name = new.default_deployment
     if flags.engine:
         new.global_.router.enabled = False
+    _apply_listener(new, flags)
     if flags.model is None and not flags.places:
         return new
     deployment: Deployment | None = new.deployments.get(name)
@@ -182,6 +198,7 @@ def apply_flags(
     if flags.model is not None and flags.model != deployment.artifact:
         deployment.artifact = flags.model
         deployment.revision = None  # a pin names a revision of the previous artifact
+        deployment.input.max_tokens = None  # so does a limit: the new folder's is read
     if flags.places:
         deployment.replicas = place(flags, deployment.placements(), inventory, env)
         deployment.device = deployment.endpoint = deployment.model = None

@@ -27,6 +27,11 @@ EMBEDDED_DEFAULT_ARTIFACT = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DEPLOYMENT = "primary"
 MAX_REPLICAS = 64
 EJECTION_CAP_MS = 3_600_000
+# The deadline of a deployment without `timeout_ms`: about 11x the worst wait at the
+# admission cap measured for the default model on one CPU thread (32 inputs of 256 tokens
+# queued on one worker: 2.6 s), so a healthy replica never meets it and a hung one is
+# counted and ejected in tens of seconds (docs/decisions.md).
+DEFAULT_TIMEOUT_MS = 30_000
 PROVIDERS = ("model_runtime",)
 
 
@@ -37,7 +42,8 @@ def yaml_key(field: attrs.Attribute) -> str:
 
 @attrs.define
 class InputLimits:
-    max_tokens: int = 256
+    # None: the model folder's own limit (sr.models.limits); `sr serve` writes the number.
+    max_tokens: int | None = None
     overflow: str = "reject"  # reject | truncate
 
 
@@ -47,6 +53,9 @@ class OutlierDetection:
     base_ejection_ms: int = 30_000
     max_ejection_ms: int | None = None  # default: 10 x base, capped at one hour
     max_ejection_percent: int = 50
+    # A caller's own deadline shorter than this (or than the deployment's observed healthy
+    # service time, sr.pool.service_times) answers 504 but never counts against a replica.
+    min_deadline_ms: int = attrs.field(default=100, metadata={"omit_if_default": True})
 
     @property
     def effective_max_ejection_ms(self) -> int:
@@ -106,6 +115,8 @@ class Deployment:
     revision: str | None = None
     profile: str = "exact"
     input: InputLimits = attrs.Factory(InputLimits)
+    # None: DEFAULT_TIMEOUT_MS. A wedged forward must end as a counted timeout (and, repeated,
+    # an ejection), never hold its callers until each gives up.
     timeout_ms: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -191,6 +202,9 @@ class Listener:
     api_keys: list[str] = attrs.Factory(list)
     # Origins allowed to call from a browser (sr.router.cors); empty: CORS off.
     cors_allow_origins: list[str] = attrs.field(factory=list, metadata={"omit_if_default": True})
+    # Host names this listener answers besides loopback ones (sr.router.guard); "*": any.
+    # Empty: a loopback listener answers loopback names only, any other listener any name.
+    allowed_hosts: list[str] = attrs.field(factory=list, metadata={"omit_if_default": True})
 
 
 @attrs.define

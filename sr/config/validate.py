@@ -223,6 +223,13 @@ def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -
                 f"must be 1..{EJECTION_CAP_MS}, got {od.base_ejection_ms}",
             )
         )
+    if not 0 <= od.min_deadline_ms <= EJECTION_CAP_MS:
+        issues.append(
+            ConfigIssue(
+                f"{path}.min_deadline_ms",
+                f"must be 0..{EJECTION_CAP_MS}, got {od.min_deadline_ms}",
+            )
+        )
     if od.max_ejection_ms is not None:
         if od.max_ejection_ms > EJECTION_CAP_MS:
             issues.append(
@@ -284,7 +291,7 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
                 f"{path}.profile", f"unknown profile {dep.profile!r}; one of {', '.join(PROFILES)}"
             )
         )
-    if dep.input.max_tokens < MIN_MAX_TOKENS:
+    if dep.input.max_tokens is not None and dep.input.max_tokens < MIN_MAX_TOKENS:
         issues.append(
             ConfigIssue(
                 f"{path}.input.max_tokens",
@@ -309,7 +316,8 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
             )
         )
     budget = dep.max_num_batched_tokens
-    if budget is not None and 0 < budget < dep.input.max_tokens:
+    max_tokens = dep.input.max_tokens
+    if budget is not None and max_tokens is not None and 0 < budget < max_tokens:
         issues.append(
             ConfigIssue(
                 f"{path}.max_num_batched_tokens",
@@ -417,7 +425,7 @@ def semantic_issues(cfg: SrConfig) -> list[ConfigIssue]:
 
 
 def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
-    # The router binds exactly one address (SPEC section 8); a second listener would be
+    # The router binds exactly one address; a second listener would be
     # silently ignored, and none would silently serve the default with no api_keys.
     if len(cfg.listeners) != 1:
         issues.append(
@@ -440,6 +448,22 @@ def _check_listeners(cfg: SrConfig, issues: list[ConfigIssue]) -> None:
             why = _origin_problem(origin)
             if why is not None:
                 issues.append(ConfigIssue(f"{path}.cors_allow_origins[{j}]", why))
+        for j, name in enumerate(listener.allowed_hosts):
+            why = _host_name_problem(name)
+            if why is not None:
+                issues.append(ConfigIssue(f"{path}.allowed_hosts[{j}]", why))
+
+
+# A Host header's name: DNS labels, an IPv4 address, or a bracketed IPv6 address. The guard
+# compares names without their port, so an entry with a port or a scheme could never match.
+_HOST_NAME = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?\.?)+|\[[0-9A-Fa-f:.]+\]")
+
+
+def _host_name_problem(name: str) -> str | None:
+    """Why `name` is not "*" or a host name without a port, or None."""
+    if name == "*" or (len(name) <= 253 and _HOST_NAME.fullmatch(name)):
+        return None
+    return f'expected "*" or a host name without scheme or port (api.example.com), got {name!r}'
 
 
 def _origin_problem(origin: str) -> str | None:

@@ -11,7 +11,7 @@ socket while the app runs unless the app is in `receive()` for the body; a hang-
 request stays in the kernel until the connection reads it.
 
 The adapter drives the connection only through its public interface (sr.http.server's
-`Connection`: the sans-I/O `http` state, `receive_more`, `send_answer`, `refuse`, ...); the
+`Connection`: the sans-I/O `http` state, `receive_more_body`, `send_answer`, `refuse`, ...); the
 connection decides framing and keep-alive. The app owns its body limits
 (sr.http.asgi.read_body); sending after the caller left is a no-op, as under hypercorn. An
 answer given before the body was read in full closes the connection.
@@ -221,9 +221,10 @@ class _Exchange:
                 chunks.append(event)
 
     async def _read(self) -> bool:
-        """More bytes into the parser; False (and gone) when the caller closed."""
+        """More bytes into the parser; False (and gone) when the caller closed, or when the
+        connection was reclaimed at the cap while the app waited here (its socket closed)."""
         try:
-            await self.connection.receive_more()
+            await self.connection.receive_more_body()
         except (PeerGone, trio.BrokenResourceError, trio.ClosedResourceError):
             self.gone = True
             return False

@@ -144,10 +144,11 @@ class ConnectionStateError(Exception):
 
 class ServerConnection:
     """One connection's protocol state (module docstring). `request` is the request being
-    served (None between requests)."""
+    served (None between requests). `max_body_bytes` caps what a chunked body announces
+    (sr.http.parse); None: no cap here."""
 
-    def __init__(self, max_header_bytes: int) -> None:
-        self._parser = RequestParser(max_header_bytes)
+    def __init__(self, max_header_bytes: int, max_body_bytes: int | None = None) -> None:
+        self._parser = RequestParser(max_header_bytes, max_body_bytes)
         self.caller = State.IDLE
         self.server = State.IDLE
         self.request: RequestHead | None = None

@@ -10,11 +10,19 @@ and starts the next cycle if the connection's state allows. Refusals (400, 408, 
 505) are written with the server's `error_answer`, then the connection lingers briefly and
 closes. A caller that hangs up while the handler runs is noticed by the server's
 sr.http.hang_up poller: the handler is cancelled and nothing is answered (PeerGone).
+
+While it waits for its caller (the first or next head, the rest of a head or of a body, a
+refused caller's last bytes) a connection notes since when it has made no progress
+(`waiting_since`: accepted or answered for a head, the last bytes of a body, the refusal),
+and at the connection cap the server reclaims the one waiting longest (`reclaim`): no
+connection holds a slot by sending nothing, and a newcomer, whose head is there at once
+and which is then served, is never the one chosen.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -26,7 +34,7 @@ import trio
 from sr.errors import HeadReadTimeout, InvalidRequest, RequestError
 from sr.http import sockio
 from sr.http.body import read_body
-from sr.http.connection import END, NEED_DATA, ServerConnection
+from sr.http.connection import END, NEED_DATA, ConnectionStateError, ServerConnection
 from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
 
@@ -69,12 +77,13 @@ class Connection:
         self.limits = server.limits
         self.stream = stream
         self.hang_ups = server.hang_ups
-        self.http = ServerConnection(self.limits.max_header_bytes)
+        self.http = ServerConnection(self.limits.max_header_bytes, self.limits.max_body_bytes)
         self._idle_scope: trio.CancelScope | None = None
         self._hang_up_scope = trio.CancelScope()  # Connection.serve's, for its whole life
-        # Since when it has waited for a next request with no byte of it yet; None while
-        # a request is read or served. The connection cap closes the longest idle first.
-        self.idle_since: float | None = None
+        # While it waits for its caller: since when it has made no progress (module
+        # docstring); None while its request is handled or answered. The connection cap
+        # reclaims the one waiting longest (sr.http.server.longest_waiting).
+        self.waiting_since: float | None = trio.current_time()
         self._waited = False  # reading this request cycle had to wait for the caller
 
     @property
@@ -83,10 +92,33 @@ class Connection:
         return self._server.stopping
 
     def stop_if_idle(self) -> None:
-        """Shutdown, or room needed at the connection cap: a connection waiting for its
-        next request, with no byte of it yet, closes now."""
+        """Shutdown: a connection waiting for its next request, with no byte of it yet,
+        closes now."""
         if self._idle_scope is not None:
             self._idle_scope.cancel()
+
+    def reclaim(self, answer: Response) -> None:
+        """Room needed at the connection cap, for a connection waiting for its caller: it
+        closes now, from the server's task, without waiting for anything. With no byte of
+        a next request it closes quietly (as at shutdown); in the middle of a request it is
+        answered `answer` (503) as far as the socket takes it at once, and its own task,
+        waiting in a read, meets the closed socket (ClosedResourceError; for the ASGI app,
+        `http.disconnect`)."""
+        self.waiting_since = None
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+            return
+        if type(self.stream) is not trio.SocketStream:  # not one sr's listeners make
+            self._hang_up_scope.cancel()
+            return
+        sock = self.stream.socket
+        try:
+            if not self.http.answered:
+                os.write(sock.fileno(), self.http.refusal(*answer))
+            os.read(sock.fileno(), READ_CHUNK)  # drained once: a close then seldom resets
+        except (OSError, ConnectionStateError):
+            pass  # nothing more can be said at once; the close is what matters
+        sock.close()  # wakes the connection's read with ClosedResourceError
 
     async def serve(self) -> None:
         # One scope for the connection's life, which the hang-up poller cancels when the
@@ -124,7 +156,7 @@ class Connection:
         now = trio.current_time()
         waiting = trio.CancelScope(deadline=now + self.limits.keep_alive_timeout_s)
         self._idle_scope = waiting
-        self.idle_since = now
+        self.waiting_since = now  # for the whole head: it must be in within head_timeout_s
         event = None
         try:
             with waiting:
@@ -132,14 +164,14 @@ class Connection:
                     if self._idle_scope is not None and http.head_begun():
                         # A head's first byte is here: no longer idle, and the rest of
                         # the head must follow within the head timeout.
-                        self._idle_scope = self.idle_since = None
+                        self._idle_scope = None
                         waiting.deadline = trio.current_time() + self.limits.head_timeout_s
                     await self.receive_more()
         except RequestError as error:  # malformed (400, 505) or too large (431)
             await self.refuse(error)
             return None
         finally:
-            self._idle_scope = self.idle_since = None
+            self._idle_scope = self.waiting_since = None
         if waiting.cancelled_caught and http.head_begun():
             timeout = self.limits.head_timeout_s
             await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
@@ -214,7 +246,7 @@ class Connection:
             if event is not NEED_DATA:  # closed before the body was complete
                 raise PeerGone()
             await self.send_continue_if_awaited()  # about to wait for the body
-            await self.receive_more()
+            await self.receive_more_body()
 
     async def receive_more(self) -> None:
         """One read from the caller into the connection; PeerGone once it has closed."""
@@ -223,6 +255,17 @@ class Connection:
         data, waited = await sockio.receive_some_noting_wait(self.stream, READ_CHUNK)
         self._waited = self._waited or waited
         self.http.receive_data(data)
+
+    async def receive_more_body(self) -> None:
+        """`receive_more` for a request body, reclaimable at the connection cap while it
+        waits: it has made no progress since the bytes before (or its head). A read that
+        waits is not the common path (a small body comes with its head), so the clock
+        read costs no request that does not wait anyway."""
+        self.waiting_since = trio.current_time()
+        try:
+            await self.receive_more()
+        finally:
+            self.waiting_since = None
 
     async def refuse(self, error: RequestError) -> None:
         """Answer a request that cannot be served (if the caller is still there and nothing
@@ -270,7 +313,9 @@ class Connection:
 
     async def linger(self) -> None:
         """After an early answer: stop writing, then drop what the caller still sends for a
-        moment, so that closing does not reset the connection under its unread answer."""
+        moment, so that closing does not reset the connection under its unread answer.
+        Reclaimable at the connection cap: nothing more is owed to the caller."""
+        self.waiting_since = trio.current_time()
         with trio.move_on_after(_LINGER_S):
             try:
                 await self.stream.send_eof()

@@ -17,6 +17,13 @@ would be a guess), when its body framing is not one sr accepts (sr.http.framing)
 its target is neither origin-form (`/path?query`) nor absolute-form
 (`http://host/path`, RFC 9112 section 3.2.2: accepted, the authority ignored).
 
+A chunked body is held to the body cap by what it announces, not only by what it sends:
+llhttp parses each chunk-size line but httptools hands the size to nobody, so the line is
+read back here from the raw bytes (`announced_chunk_size`), and a chunk that alone, or
+with the chunks before it, would take the body over `max_body_bytes` is refused (413)
+as soon as its size line is in, instead of waiting for bytes that would only be refused
+later (or, never sent, held the connection until the body timeout).
+
 A chunked body's trailer fields are read, counted against the head-size cap, and dropped:
 they never join the header section (RFC 9110 section 6.5), which an app has already been
 handed and in which a trailing `Authorization` would otherwise pass as a header. No route
@@ -40,8 +47,14 @@ from typing import Final
 import attrs
 import httptools
 
-from sr.errors import HeadersTooLarge, InvalidRequest, RequestError, VersionNotSupported
-from sr.http.framing import request_body_length
+from sr.errors import (
+    HeadersTooLarge,
+    InvalidRequest,
+    RequestError,
+    RequestTooLarge,
+    VersionNotSupported,
+)
+from sr.http.framing import CHUNKED, request_body_length
 
 
 @attrs.define(slots=True)
@@ -71,17 +84,26 @@ END: Final = Marker("END")  # the current request's body is complete
 NEED_DATA: Final = Marker("NEED_DATA")  # nothing parsed is waiting; read more
 CLOSED: Final = Marker("CLOSED")  # the caller closed (or no further request can follow)
 # Headers sr reads as a single value: a repeat is refused rather than one copy picked.
-_SINGLE_VALUED = frozenset({b"host", b"authorization", b"x-request-timeout-ms"})
+_SINGLE_VALUED = frozenset(
+    {b"host", b"authorization", b"x-request-timeout-ms", b"x-request-id", b"origin"}
+)
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})  # read by sr.http.framing
 _CHECKED = _SINGLE_VALUED | _FRAMING | {b"connection", b"expect"}
 _HTTP_1_1: Final = b"1.1"
 _HTTP_1_0: Final = b"1.0"
+# Raw bytes kept between reads inside a chunked body, for a size line split across reads;
+# a longer line (extensions) split so is not read back, and the body's bytes are capped
+# as they arrive instead.
+_SIZE_LINE_TAIL = 256
 
 
 class RequestParser:
-    def __init__(self, max_header_bytes: int) -> None:
+    """`max_body_bytes`: the cap a chunked body's announced sizes are held to (None: none)."""
+
+    def __init__(self, max_header_bytes: int, max_body_bytes: int | None = None) -> None:
         self._parser = httptools.HttpRequestParser(self)
         self._max_header_bytes = max_header_bytes
+        self._max_body_bytes = max_body_bytes
         self._events: collections.deque = collections.deque()
         self._done = False  # closed, failed or upgraded: nothing more is parsed
         self._in_message = False  # from a request's first byte to the end of its body
@@ -91,6 +113,13 @@ class RequestParser:
         self._target = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._last_head: RequestHead | None = None
+        # A chunked body's accounting (only while one is read, and only with a cap).
+        self._chunked = False  # inside a chunked body held to the cap
+        self._chunk_open = False  # between a chunk's size line and its end
+        self._chunk_bytes = 0  # of the open chunk, parsed so far
+        self._chunks_bytes = 0  # of this body's complete chunks
+        self._size_line_in = False  # a chunk's size line was parsed by this read
+        self._raw_tail = b""  # the last bytes read between chunks
 
     # -- feeding ----------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -124,6 +153,24 @@ class RequestParser:
                 self._stalled_bytes += len(data)
                 if self._stalled_bytes > self._max_header_bytes:
                     self._stop(HeadersTooLarge("request head or trailers too large"))
+            if self._chunked and not self._done:
+                self._hold_chunks_to_the_cap(data)
+
+    def _hold_chunks_to_the_cap(self, data: bytes) -> None:
+        """After a read inside a chunked body: refuse a chunk whose size line (parsed by
+        this read) announces more than the cap leaves; keep the tail of a read that ends
+        between chunks, where a size line may be arriving in pieces."""
+        if not self._chunk_open:
+            tail = self._raw_tail + data if len(data) < _SIZE_LINE_TAIL else data
+            self._raw_tail = tail[-_SIZE_LINE_TAIL:]
+            return
+        if self._size_line_in:
+            self._size_line_in = False
+            size = announced_chunk_size(self._raw_tail + data, self._chunk_bytes)
+            assert self._max_body_bytes is not None  # _chunked is only set with a cap
+            if size is not None and self._chunks_bytes + size > self._max_body_bytes:
+                self._stop(RequestTooLarge(f"request body exceeds {self._max_body_bytes} bytes"))
+        self._raw_tail = b""
 
     def _stop(self, error: RequestError | None) -> None:
         self._done = True
@@ -218,7 +265,13 @@ class RequestParser:
                 expects_continue = http_version is _HTTP_1_1
         if http_version is _HTTP_1_1 and b"host" not in single_valued:
             raise _malformed("HTTP/1.1 needs exactly one Host header")
-        body_length = request_body_length(http_version, headers) if framed else 0
+        body_length = 0
+        if framed:
+            body_length = request_body_length(http_version, headers)
+            if body_length == CHUNKED and self._max_body_bytes is not None:
+                self._chunked, self._chunk_open = True, False
+                self._chunks_bytes = 0
+                self._raw_tail = b""
         raw_path, query = split_target(self._target)
         head = RequestHead(
             self._parser.get_method(), self._target, http_version, headers, keep_alive,
@@ -229,15 +282,41 @@ class RequestParser:
 
     def on_body(self, body: bytes) -> None:
         self._events.append(bytes(body))
+        if self._chunk_open:
+            self._chunk_bytes += len(body)
+
+    def on_chunk_header(self) -> None:  # called by llhttp once a chunk's size line is in
+        self._chunk_open = self._size_line_in = True
+        self._chunk_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
+        self._chunks_bytes += self._chunk_bytes
 
     def on_message_complete(self) -> None:
-        self._in_message = False
+        self._in_message = self._chunked = False
         self._events.append(END)
 
     def _count(self, size: int) -> None:
         self._section_bytes += size
         if self._section_bytes > self._max_header_bytes:
             raise HeadersTooLarge("request head or trailers too large")
+
+
+def announced_chunk_size(raw: bytes, chunk_bytes: int) -> int | None:
+    """The size a chunk's size line announced, read back from `raw`: bytes that end with
+    that line, its CRLF and the first `chunk_bytes` bytes of the chunk (llhttp has checked
+    the line). None when the line does not begin within `raw`."""
+    end = len(raw) - chunk_bytes - 2
+    if end < 0 or raw[end : end + 2] != b"\r\n":
+        return None
+    start = raw.rfind(b"\n", 0, end) + 1  # after the CRLF ending the head or the last chunk
+    if start == 0:
+        return None
+    try:
+        return int(raw[start:end].split(b";", 1)[0].strip(b" \t"), 16)
+    except ValueError:
+        return None
 
 
 def split_target(target: bytes) -> tuple[bytes, bytes]:

@@ -18,12 +18,15 @@ Only what the router, its workers and direct callers need is here (no HTTP/2, no
   order (what arrives early waits in the parser; while a request is served nothing more
   is read);
 * Content-Length and chunked request bodies, capped in size (413, from the declared
-  length and while reading) and in time (408 when the body is not complete in time);
+  length, from each chunk's announced size, and while reading) and in time (408 when
+  the body is not complete in time);
 * every limit of sr.http.limits.HttpLimits: a head must arrive within `head_timeout_s` of
   its first byte (else 408), an idle kept-alive connection closes after
   `keep_alive_timeout_s`, an answer the caller does not read within `write_timeout_s`
-  costs it the connection, and each listener holds at most `max_connections` (beyond it
-  the longest-idle connection is closed to make room, or the newcomer gets 503);
+  costs it the connection, and each listener holds at most `max_connections`: beyond it
+  the connection that has waited longest for its caller without progress is closed to
+  make room (`longest_waiting`), and only when every connection is being served does the
+  newcomer get 503;
 * malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
   the connection closed; error bodies are the caller's (`error_answer`, by default sr's one
   error shape from sr.errors), and so is the answer when the handler fails (`crash_answer`);
@@ -41,10 +44,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import resource
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -84,9 +88,11 @@ class H1Server:
 
     `after_answer()` runs once each answer has been written (the worker's `exit` fault).
     With an adapter the app enforces its own body caps; `limits.max_body_bytes` and
-    `body_timeout_s` apply to `handler` only. `error_answer(error)` makes the answer to a
-    request refused here (400, 408, 413, 431, 503, 505); `crash_answer` is the answer when
-    the handler raises or gives an answer that cannot be written.
+    `body_timeout_s` apply to `handler` only, except that on both a chunk announced over
+    `max_body_bytes` is refused (413) as soon as its size line is in (sr.http.parse).
+    `error_answer(error)` makes the answer to a request refused here (400, 408, 413, 431,
+    503, 505); `crash_answer` is the answer when the handler raises or gives an answer that
+    cannot be written.
     """
 
     def __init__(
@@ -165,7 +171,7 @@ class H1Server:
                 _log.warning("accept failed (%s); retrying shortly", error)
                 await trio.sleep(0.1)
                 continue
-            if len(held) >= cap and not _close_longest_idle(held):
+            if len(held) >= cap and not self._make_room(held):
                 await _turn_away(stream, self.error_answer(_TOO_MANY))
                 continue
             connection = Connection(self, stream)
@@ -186,6 +192,17 @@ class H1Server:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(connection.stream)
 
+    def _make_room(self, held: set[Connection]) -> bool:
+        """At the cap: reclaim the connection waiting longest for its caller (counted out
+        at once; its socket is closed now or, when idle, by its task). False when every
+        connection is being served."""
+        oldest = longest_waiting(held)
+        if oldest is None:
+            return False
+        held.discard(oldest)
+        oldest.reclaim(self.error_answer(_TOO_MANY))
+        return True
+
     def open_connections(self) -> int:
         return len(self._connections)
 
@@ -205,16 +222,28 @@ def connection_cap(max_connections: int, listeners: int) -> int:
     return min(max_connections, fits)
 
 
-def _close_longest_idle(held: set[Connection]) -> bool:
-    """Make room at the cap: close the connection idle the longest (a kept-alive one with
-    no byte of a next request). False when none is idle."""
-    idle = [c for c in held if c.idle_since is not None]
-    if not idle:
-        return False
-    oldest = min(idle, key=lambda c: c.idle_since)
-    oldest.stop_if_idle()
-    held.discard(oldest)  # counted out now; its task closes it at once
-    return True
+class Waiting(Protocol):
+    waiting_since: float | None
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def longest_waiting(connections: Iterable[W]) -> W | None:
+    """The connection to reclaim at the cap: of those waiting for their caller (a next
+    head, the rest of a head or body, a refused caller's last bytes: `waiting_since` is
+    set), the one that has gone longest without progress. None when every connection is
+    being served (its request handled or answered): those are never cut for a newcomer.
+
+    Why this one: it is what a flood of begun heads or trickled bodies is made of, and it
+    can never be a newcomer, which is the youngest and, once its head is in, being served;
+    so a probe (/health, /ready) is served at the cap whatever holds the other slots."""
+    chosen, oldest = None, math.inf
+    for connection in connections:
+        since = connection.waiting_since
+        if since is not None and since < oldest:
+            chosen, oldest = connection, since
+    return chosen
 
 
 _TOO_MANY = Overloaded("too many open connections; retry shortly")

@@ -9,7 +9,9 @@ Order, first hit wins:
   4. the Hugging Face hub cache, offline: `models--org--name/snapshots/<commit>/`, where the
      commit is the pinned revision (a commit hash, or a ref under `refs/`), else `refs/main`,
      else the only snapshot there is.
-A model folder holds config.json, model.safetensors and tokenizer.json. A miss raises
+A model folder holds config.json, model.safetensors and tokenizer.json; a LoRA adapter
+folder holds adapter_config.json and adapter_model.safetensors (sr.models.lora_config), and
+its base is resolved by these same rules when it loads (sr.models.adapter). A miss raises
 ArtifactNotFound whose message lists every place looked and why each did not qualify.
 """
 
@@ -21,6 +23,7 @@ import re
 from pathlib import Path
 
 from sr.errors import ArtifactNotFound
+from sr.models.lora_config import adapter_folder_problem, is_adapter_folder
 from sr.settings import ModelSources, read_process_settings
 
 EMBEDDED_DEFAULT = "sentence-transformers/all-MiniLM-L6-v2"
@@ -32,9 +35,11 @@ _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._
 
 
 def _folder_problem(folder: Path) -> str | None:
-    """Why `folder` is not a model folder, or None when it is."""
+    """Why `folder` is not a model (or adapter) folder, or None when it is."""
     if not folder.is_dir():
         return "not found"
+    if is_adapter_folder(folder):
+        return adapter_folder_problem(folder)
     missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     if missing:
         return "lacks " + ", ".join(missing)

@@ -2,10 +2,12 @@
 XLM-RoBERTa, which differ only in where position ids start and in their classifier head.
 
 Weights follow the Hugging Face names (`BertModel`, `RobertaModel`, `XLMRobertaModel`),
-optionally under the `bert.` / `roberta.` prefix of a `*ForSequenceClassification`
-checkpoint with its head:
-* BERT: `pooler.dense` + tanh on the [CLS] state, then `classifier`;
-* RoBERTa / XLM-R: `classifier.dense` + tanh on the <s> state, then `classifier.out_proj`.
+optionally under the `bert.` / `roberta.` prefix of a checkpoint with a head, the one
+config.json's `architectures` names (sr.models.heads):
+* `*ForSequenceClassification`: BERT `pooler.dense` + tanh on the [CLS] state, then
+  `classifier`; RoBERTa / XLM-R `classifier.dense` + tanh on the <s> state, then
+  `classifier.out_proj`;
+* `*ForTokenClassification` (all three): `classifier` on every token's hidden state.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from sr.models.blocks import (
     PackedEncoder,
     attention,
     head_geometry,
+    post_norm_feed_forward,
     strip_prefix,
     take,
     weights_on,
 )
+from sr.models.heads import SEQUENCE, TOKEN, named_head
 from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 
@@ -46,24 +50,20 @@ class _Layer:
             put(take(w, f"{attn}.output.LayerNorm.weight")),
             put(take(w, f"{attn}.output.LayerNorm.bias")),
         )
-        # The feed-forward's GELU runs inside the first product on oneDNN.
-        self.ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
-                             put(take(w, f"{p}.intermediate.dense.bias")),
-                             kernel=kernel, activation="gelu")  # fmt: skip
-        self.ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
-                              put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
-        self.ln2 = (
-            put(take(w, f"{p}.output.LayerNorm.weight")),
-            put(take(w, f"{p}.output.LayerNorm.bias")),
-        )
+        self.ffn_in, self.ffn_out, self.ln2 = post_norm_feed_forward(w, p, put, kernel)
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.out, self.ffn_in, self.ffn_out]
 
 
 class BertEncoder(PackedEncoder):
-    """Hidden states of packed rows, plus the sequence-classification head if any."""
+    """Hidden states of packed rows, plus the head config.json names, if any."""
 
+    architectures = {  # noqa: RUF012 (read only)
+        "BertModel": None,
+        "BertForSequenceClassification": SEQUENCE,
+        "BertForTokenClassification": TOKEN,
+    }
     prefix = "bert."
     # Position ids of a row start here: 0 for BERT; padding_idx + 1 for RoBERTa.
     position_offset_from_padding = False
@@ -112,13 +112,16 @@ class BertEncoder(PackedEncoder):
         linear = self.kernel.linear
         self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
         self.positions = torch.arange(self.max_positions, device=device)
-        self.has_head = self._load_head(weights, put)
+        self.has_head = self._load_head(config, weights, put)
 
-    def _load_head(self, weights, put) -> bool:
-        if "classifier.weight" not in weights:
-            return False
-        self._set_head(weights, put, "pooler.dense", "classifier")
-        return True
+    def _load_head(self, config: dict, weights, put) -> bool:
+        unnamed = SEQUENCE if "classifier.weight" in weights else None
+        head = named_head(config, self.architectures, unnamed)
+        if head == TOKEN:
+            self._set_token_head(weights, put, "classifier")
+        elif head == SEQUENCE:
+            self._set_head(weights, put, "pooler.dense", "classifier")
+        return head is not None
 
     def _set_head(self, weights, put, dense: str, out: str) -> None:
         linear = self.kernel.linear
@@ -126,6 +129,13 @@ class BertEncoder(PackedEncoder):
                                  put(take(weights, f"{dense}.bias")), kernel=linear)  # fmt: skip
         self.head_out = Linear(put(take(weights, f"{out}.weight")),
                                put(take(weights, f"{out}.bias")), kernel=linear)  # fmt: skip
+        self.num_labels = self.head_out.out_features
+
+    def _set_token_head(self, weights, put, out: str) -> None:
+        self.head_task = TOKEN
+        self.head_out = Linear(put(take(weights, f"{out}.weight")),
+                               put(take(weights, f"{out}.bias")),
+                               kernel=self.kernel.linear)  # fmt: skip
         self.num_labels = self.head_out.out_features
 
     def linears(self) -> list[Linear]:
@@ -143,6 +153,10 @@ class BertEncoder(PackedEncoder):
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token ([CLS], <s>) hidden state."""
         return first_token_tanh_head(self, hidden, packed)
+
+    def token_logits(self, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Logits [T, labels] of every packed token: `classifier` on its hidden state."""
+        return self.head_out.consistent(hidden)
 
 
 def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) -> torch.Tensor:
@@ -170,7 +184,11 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
 
 def head_linears(encoder) -> list[Linear]:
     """The classifier's products, if the checkpoint has one."""
-    return [encoder.head_dense, encoder.head_out] if encoder.has_head else []
+    if not encoder.has_head:
+        return []
+    if encoder.head_task == TOKEN:
+        return [encoder.head_out]
+    return [encoder.head_dense, encoder.head_out]
 
 
 def first_token_tanh_head(encoder, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
@@ -187,12 +205,23 @@ class RobertaEncoder(BertEncoder):
     transformers' `create_position_ids_from_input_ids` gives a row without padding), one
     token type, and a classifier of its own (`classifier.dense`, `classifier.out_proj`)."""
 
+    architectures = {  # noqa: RUF012 (read only)
+        "RobertaModel": None,
+        "RobertaForSequenceClassification": SEQUENCE,
+        "RobertaForTokenClassification": TOKEN,
+        "XLMRobertaModel": None,
+        "XLMRobertaForSequenceClassification": SEQUENCE,
+        "XLMRobertaForTokenClassification": TOKEN,
+    }
     prefix = "roberta."
     position_offset_from_padding = True
     second_text_type = False
 
-    def _load_head(self, weights, put) -> bool:
-        if "classifier.out_proj.weight" not in weights:
-            return False
-        self._set_head(weights, put, "classifier.dense", "classifier.out_proj")
-        return True
+    def _load_head(self, config: dict, weights, put) -> bool:
+        unnamed = SEQUENCE if "classifier.out_proj.weight" in weights else None
+        head = named_head(config, self.architectures, unnamed)
+        if head == TOKEN:
+            self._set_token_head(weights, put, "classifier")
+        elif head == SEQUENCE:
+            self._set_head(weights, put, "classifier.dense", "classifier.out_proj")
+        return head is not None

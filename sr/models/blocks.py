@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -222,6 +223,58 @@ def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
     return ctx.transpose(1, 2)
 
 
+def post_norm_feed_forward(w, p: str, put, kernel: str) -> tuple[Linear, Linear, tuple]:
+    """BERT's feed-forward of layer `p` as BERT-shaped families name it: (the GELU product
+    `intermediate.dense`, whose GELU runs inside it on oneDNN; `output.dense`; the
+    `output.LayerNorm` weight and bias)."""
+    ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
+                    put(take(w, f"{p}.intermediate.dense.bias")),
+                    kernel=kernel, activation="gelu")  # fmt: skip
+    ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
+                     put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
+    norm = (put(take(w, f"{p}.output.LayerNorm.weight")),
+            put(take(w, f"{p}.output.LayerNorm.bias")))  # fmt: skip
+    return ffn_in, ffn_out, norm
+
+
+# transformers' ACT2FN names whose modules call exactly these torch functions.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "tanh": torch.tanh,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+def activation_of(config: dict, key: str, default: str = "gelu"):
+    """The torch function config.json's `key` names; UnsupportedModel for another name."""
+    name = config.get(key, default)
+    if name not in ACTIVATIONS:
+        raise UnsupportedModel(
+            f"{key} {name!r} is not supported (supported: {', '.join(sorted(ACTIVATIONS))})"
+        )
+    return ACTIVATIONS[name]
+
+
+def window_masks(window: int, device: torch.device) -> MaskFor:
+    """mask_for(length) of sliding-window layers: None when the window covers the whole
+    row, else `sliding_window_mask`, built once per length. Made once per forward, not kept
+    across forwards: a mask is length² and lengths reach thousands."""
+    reach = window // 2
+    masks: dict[int, torch.Tensor] = {}
+
+    def mask_for(length: int) -> torch.Tensor | None:
+        if length <= reach + 1:
+            return None
+        if length not in masks:
+            masks[length] = sliding_window_mask(length, window, device)
+        return masks[length]
+
+    return mask_for
+
+
 def sliding_window_mask(length: int, window: int, device: torch.device) -> torch.Tensor:
     """bool [L, L]: token i attends to j when |i - j| <= window // 2 (ModernBERT's local
     attention, `local_attention` tokens wide)."""
@@ -270,12 +323,20 @@ class PackedEncoder(abc.ABC):
     """What every family shares: the device, the kernel of its products, the cut-off
     padding, the position table. Subclasses set `hidden_size`, `device`, `dtype` and
     `kernel`, list their products' shapes in `linears()` and implement
-    `hidden_states(ids, packed)`."""
+    `hidden_states(ids, packed)`.
+
+    Heads (sr.models.heads): `architectures` maps the Hugging Face classes a family serves
+    to the head each names; `head_task` is what a loaded head answers: "sequence"
+    (`classify(hidden, packed, ids) -> [n, labels]`, one answer per row), or "token",
+    set by a family's `_load_head` when it loads a `*ForTokenClassification` head
+    (`token_logits(hidden, packed) -> [T, labels]`, one answer per packed token)."""
 
     hidden_size: int
     device: torch.device
     dtype: torch.dtype
     kernel: KernelChoice
+    head_task: str = "sequence"
+    architectures: ClassVar[dict[str, str | None]] = {}
 
     @abc.abstractmethod
     def linears(self) -> list[Linear]:

@@ -68,6 +68,9 @@ class CheckpointLayout:
     max_seq_length: int | None  # sentence_bert_config.json's own limit, if any
     head_labels: tuple[str, ...] | None
     dense: tuple[DenseSpec, ...] = ()  # applied in this order after pooling, before Normalize
+    # A sentence-transformers folder (modules.json): its bare model is what
+    # sentence-transformers loads, whatever config.json's `architectures` names.
+    sentence_transformers: bool = False
 
 
 def _read_json(path: Path) -> object:
@@ -236,4 +239,5 @@ def read_layout(folder: Path) -> CheckpointLayout:
         max_seq_length=max_seq_length,
         head_labels=_head_labels(config),
         dense=dense,
+        sentence_transformers=(folder / "modules.json").is_file(),
     )

@@ -6,11 +6,14 @@ offline (`resolve_artifact`); only a repository ID that misses is fetched, with
 `huggingface_hub.snapshot_download` into the hub cache that resolution reads
 (`ModelSources.hub_cache`, sr.settings), so the offline resolution then finds it, pinned
 revision included.
-Absolute paths are never downloaded.
+Absolute paths are never downloaded. A LoRA adapter (adapter_config.json) is fetched like a
+model, and then its base (`base_model_name_or_path` at its `revision`) like any artifact,
+when that does not resolve offline either.
 
 Only the files sr reads are fetched (allow_patterns), in two passes at one commit:
   1. config.json, model.safetensors, tokenizer.json, modules.json,
-     sentence_bert_config.json, config_sentence_transformers.json;
+     sentence_bert_config.json, config_sentence_transformers.json, adapter_config.json,
+     adapter_model.safetensors;
   2. the module folders modules.json names: Pooling and Normalize `<path>/config.json`,
      Dense `<path>/config.json` and `<path>/model.safetensors`.
 
@@ -40,6 +43,13 @@ from typing import TextIO
 from sr.config.schema import Deployment, SrConfig
 from sr.errors import ArtifactNotFound, DownloadFailed
 from sr.models.artifacts import _REPO_ID, REQUIRED_FILES, resolve_artifact
+from sr.models.lora_config import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_base,
+    adapter_folder_problem,
+    is_adapter_folder,
+)
 from sr.settings import ModelSources, read_process_settings
 
 # Top-level files sr reads (sr.models.artifacts, sr.models.checkpoint, sr.models.encoder).
@@ -50,6 +60,8 @@ TOP_LEVEL_FILES = (
     "modules.json",
     "sentence_bert_config.json",
     "config_sentence_transformers.json",
+    ADAPTER_CONFIG,  # a LoRA adapter's (sr.models.lora_config)
+    ADAPTER_WEIGHTS,
 )
 # sentence-transformers modules whose folders (named by modules.json) sr reads.
 MODULE_FILES = {
@@ -75,19 +87,40 @@ def _managed(deployment: Deployment) -> bool:
 
 def missing_artifacts(config: SrConfig, sources: ModelSources) -> list[tuple[str, str | None]]:
     """The distinct (artifact, revision) of managed deployments that a download could
-    supply and that do not resolve offline now, in config order."""
+    supply and that do not resolve offline now, in config order, with the bases of the
+    adapters that do resolve."""
     missing: list[tuple[str, str | None]] = []
     for deployment in config.deployments.values():
         key = (deployment.artifact, deployment.revision)
         if not _managed(deployment) or key in missing:
             continue
-        if _is_path(deployment.artifact) or not _REPO_ID.match(deployment.artifact):
-            continue  # never downloaded: the worker reports it as before
+        downloadable = _downloadable(deployment.artifact)
         try:
-            resolve_artifact(*key, sources=sources)
+            folder = resolve_artifact(*key, sources=sources)
         except ArtifactNotFound:
-            missing.append(key)
+            if downloadable:
+                missing.append(key)
+            continue  # else never downloaded: the worker reports it as before
+        base = _missing_base(folder, sources)
+        if base is not None and base not in missing:
+            missing.append(base)
     return missing
+
+
+def _downloadable(artifact: str) -> bool:
+    return not _is_path(artifact) and bool(_REPO_ID.match(artifact))
+
+
+def _missing_base(folder: Path, sources: ModelSources) -> tuple[str, str | None] | None:
+    """An adapter folder's base, when a download could supply it and it does not resolve."""
+    base = adapter_base(folder)
+    if base is None or not _downloadable(base[0]):
+        return None
+    try:
+        resolve_artifact(*base, sources=sources)
+    except ArtifactNotFound:
+        return base
+    return None
 
 
 def _module_patterns(snapshot: Path) -> list[str]:
@@ -194,6 +227,11 @@ def download_artifact(
     except ArtifactNotFound:
         lacking = [f for f in REQUIRED_FILES if not (snapshot / f).is_file()]
         what = ", ".join(lacking) if lacking else "a resolvable snapshot"
+        if is_adapter_folder(snapshot):
+            why = adapter_folder_problem(snapshot)
+            raise DownloadFailed(
+                f"cannot download {name}: the repository (commit {snapshot.name}) {why}"
+            ) from None
         raise DownloadFailed(
             f"cannot download {name}: the repository (commit {snapshot.name}) has no {what};"
             f" sr needs {', '.join(REQUIRED_FILES)}"
@@ -246,10 +284,14 @@ def download_missing(
             " (unset it, or put the model in the hub cache or $SR_MODEL_DIR)"
         )
     fetched: dict[str, Path] = {}
-    for artifact, revision in missing:
+    while missing:
+        artifact, revision = missing.pop(0)
         name = label(artifact, revision)
         print(f"sr: downloading {name} ...", file=out, flush=True)
         folder = download_artifact(artifact, revision, sources=sources)
         print(f"sr: downloaded {artifact} -> {folder}", file=out, flush=True)
         fetched[name] = folder
+        base = _missing_base(folder, sources)  # an adapter just fetched needs its base
+        if base is not None and base not in missing and label(*base) not in fetched:
+            missing.append(base)
     return fetched

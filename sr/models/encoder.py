@@ -8,7 +8,6 @@ same alone or in any batch as far as the kernels allow; the worker's probe check
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 from pathlib import Path
 
@@ -17,10 +16,12 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from sr.errors import UnsupportedModel
+from sr.models.adapter import Adapter, file_sha256, open_adapter
 from sr.models.blocks import Packed, torch_dtype
 from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.dense import DenseStack
 from sr.models.families import family_for
+from sr.models.heads import TOKEN, check_architectures, check_served_head
 from sr.models.linear import choose_kernel, for_model
 from sr.models.pooling import pool
 
@@ -41,8 +42,11 @@ class EncoderModel:
         tokenizer: Tokenizer,
         device: torch.device,
         kernel: str | None = None,
+        adapter: Adapter | None = None,
     ):
         self.artifact_dir = artifact_dir
+        # A LoRA adapter merged into its base's weights (sr.models.adapter), or None.
+        self.adapter = adapter
         self.layout = layout
         self.backbone = backbone
         self.device = device
@@ -52,13 +56,17 @@ class EncoderModel:
         # The checkpoint's Dense modules after pooling (float32, on the kernel chosen for
         # float32 here); the last one's out_features is the embedding size.
         self.dense = DenseStack(
-            artifact_dir, layout.dense, backbone.hidden_size * len(layout.pooling_modes), device,
+            adapter.base_dir if adapter else artifact_dir, layout.dense,
+            backbone.hidden_size * len(layout.pooling_modes), device,
             choose_kernel(device, torch.float32, kernel).linear,
         )  # fmt: skip
         self.embedding_dim: int = self.dense.out_features
         self.pooling_modes = layout.pooling_modes
         self.normalize = layout.normalize
         self.head_labels: list[str] | None = None
+        check_served_head(layout.config, backbone)
+        # "sequence" (one answer per text), "token" (one per token) or None (no head).
+        self.head_task: str | None = backbone.head_task if backbone.has_head else None
         if backbone.has_head:
             # Hugging Face's own naming when config.json lists no labels.
             labels = list(layout.head_labels or (f"LABEL_{i}" for i in range(backbone.num_labels)))
@@ -71,6 +79,8 @@ class EncoderModel:
         self.head_activation = (
             head_activation(layout.config, len(self.head_labels)) if self.head_labels else None
         )
+        if self.head_task == TOKEN:
+            self.head_activation = "softmax"  # per token, as the token-classification pipeline
         # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
         self._pair_tokenizers: dict[int, Tokenizer] = {}  # truncating copies, per limit
         empty = tokenizer.encode("").ids
@@ -86,11 +96,16 @@ class EncoderModel:
 
     @functools.cached_property
     def weights_sha256(self) -> str:
-        digest = hashlib.sha256()
-        with open(self.artifact_dir / "model.safetensors", "rb") as weights:
-            for chunk in iter(lambda: weights.read(1 << 20), b""):
-                digest.update(chunk)
-        return digest.hexdigest()
+        """The digest of the artifact's weights file: an adapter's own file for an adapter
+        (its base's is on `adapter_card`), so golden references never match a base's."""
+        if self.adapter is not None:
+            return self.adapter.weights_sha256
+        return file_sha256(self.artifact_dir / "model.safetensors")
+
+    @property
+    def adapter_card(self) -> dict | None:
+        """The adapter and its base (the worker card's `adapter`), or None."""
+        return self.adapter.card() if self.adapter is not None else None
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text with its special tokens, not truncated.
@@ -175,6 +190,16 @@ class EncoderModel:
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
             return self.backbone.classify(hidden, packed, ids).float().cpu()
+
+    def token_logits(self, batch: list[list[int]]) -> torch.Tensor:
+        """float32 [T, len(head_labels)] on the CPU from a token-classification head: one row
+        per token of the batch, row after row."""
+        if self.head_task != TOKEN:
+            raise ValueError(f"{self.artifact_dir} has no token-classification head")
+        ids, packed = self._pack(batch)
+        with torch.inference_mode():
+            hidden = self.backbone.hidden_states(ids, packed)
+            return self.backbone.token_logits(hidden, packed).float().cpu()
 
     def encode_pairs(
         self, query: str, documents: list[str], truncate_to: int | None = None
@@ -262,14 +287,22 @@ def load_model(
     linear products on `kernel` ("blas" or "onednn"; None: the one probed for the host,
     sr.models.linear.choose_kernel)."""
     folder = Path(path)
-    layout = read_layout(folder)
+    adapter = open_adapter(folder)  # a LoRA adapter folder on its base, else None
+    layout = adapter.layout if adapter else read_layout(folder)
     family = family_for(layout.model_type)
+    check_architectures(layout, family)  # the head config.json names is one sr serves
     target = torch_device(device)
     precision = torch_dtype(dtype)
-    weights = load_file(str(folder / "model.safetensors"), device="cpu")
+    if adapter is not None:  # the base's weights with the adapter merged in
+        weights = adapter.merged_weights()
+    else:
+        weights = load_file(str(folder / "model.safetensors"), device="cpu")
     host = choose_kernel(target, precision, kernel)
-    chosen = for_model(host, int(layout.config.get("hidden_size", 0)), kernel)
+    # DistilBERT's config.json says `dim` where the others say `hidden_size`.
+    width = layout.config.get("hidden_size", layout.config.get("dim", 0))
+    chosen = for_model(host, int(width), kernel)
     backbone = family(layout.config, weights, target, precision, chosen)
-    model = EncoderModel(folder, layout, backbone, load_tokenizer(folder), target, kernel)
+    tokenizer = load_tokenizer(adapter.tokenizer_dir if adapter else folder)
+    model = EncoderModel(folder, layout, backbone, tokenizer, target, kernel, adapter)
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
     return model

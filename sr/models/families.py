@@ -23,9 +23,12 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "bert": ("sr.models.bert", "BertEncoder"),
     "roberta": ("sr.models.bert", "RobertaEncoder"),
     "xlm-roberta": ("sr.models.bert", "RobertaEncoder"),
+    "distilbert": ("sr.models.distilbert", "DistilBertEncoder"),
     "mpnet": ("sr.models.mpnet", "MPNetEncoder"),
+    "deberta-v2": ("sr.models.deberta", "DebertaV2Encoder"),
     "modernbert": ("sr.models.modernbert", "ModernBertEncoder"),
     "qwen3": ("sr.models.qwen3", "Qwen3Encoder"),
+    "gemma3_text": ("sr.models.gemma3", "Gemma3Encoder"),
 }
 
 

@@ -103,7 +103,10 @@ def golden_check(model, *, references=REFERENCE_FILES, float32_embed=None) -> Go
         second = model.embed(ids)
         logits = None
         if model.head_labels is not None:
-            logits = (model.classify_logits(ids), model.classify_logits(ids))
+            # The head as served: per text, or per token for a token-classification head.
+            head = model.token_logits if getattr(model, "head_task", None) == "token" else None
+            head = head or model.classify_logits
+            logits = (head(ids), head(ids))
     except Exception as exc:  # a model that cannot run its golden inputs is failed, not crashed
         return GoldenResult("failed", f"golden inputs raised {type(exc).__name__}: {exc}")
 

@@ -12,9 +12,11 @@ What differs from BERT (sr.models.bert):
   gate -> `Wo`), LayerNorms and linears without biases unless the config asks for them.
 
 Weights follow the Hugging Face names of `ModernBertModel`, optionally under the `model.`
-prefix of a `*ForSequenceClassification` (or `*ForMaskedLM`) checkpoint. The
-classification head pools each row (`classifier_pooling`: its first token, or the mean of
-its tokens), then `head.dense` + activation + `head.norm`, then `classifier`.
+prefix of a checkpoint with a head; config.json's `architectures` names it
+(sr.models.heads). The sequence-classification head pools each row
+(`classifier_pooling`: its first token, or the mean of its tokens), then `head.dense` +
+activation + `head.norm`, then `classifier`; the token-classification head runs the same
+`head` and `classifier` on every token.
 """
 
 from __future__ import annotations
@@ -29,33 +31,18 @@ from sr.models.blocks import (
     Packed,
     PackedEncoder,
     Rotary,
+    activation_of,
     attention,
     head_geometry,
-    sliding_window_mask,
     strip_prefix,
     take,
     weights_on,
+    window_masks,
 )
+from sr.models.heads import SEQUENCE, TOKEN, named_head
 from sr.models.linear import KernelChoice, Linear, choose_kernel
 
-# transformers' ACT2FN names whose modules call exactly these torch functions.
-_ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-}
 _LAYER_KINDS = ("full_attention", "sliding_attention")
-
-
-def _activation(config: dict, key: str):
-    name = config.get(key, "gelu")
-    if name not in _ACTIVATIONS:
-        raise UnsupportedModel(
-            f"{key} {name!r} is not supported (supported: {sorted(_ACTIVATIONS)})"
-        )
-    return _ACTIVATIONS[name]
 
 
 def _layer_kinds(config: dict, count: int) -> list[str]:
@@ -128,7 +115,13 @@ class _Layer:
 
 
 class ModernBertEncoder(PackedEncoder):
-    """Hidden states of packed rows, plus the sequence-classification head if any."""
+    """Hidden states of packed rows, plus the head config.json names, if any."""
+
+    architectures = {  # noqa: RUF012 (read only)
+        "ModernBertModel": None,
+        "ModernBertForSequenceClassification": SEQUENCE,
+        "ModernBertForTokenClassification": TOKEN,
+    }
 
     def __init__(
         self,
@@ -138,7 +131,7 @@ class ModernBertEncoder(PackedEncoder):
         dtype: torch.dtype = torch.float32,
         kernel: KernelChoice | None = None,
     ):
-        self.act = _activation(config, "hidden_activation")
+        self.act = activation_of(config, "hidden_activation")
         weights = strip_prefix(weights, "model.")
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("norm_eps", 1e-5))
@@ -183,12 +176,18 @@ class ModernBertEncoder(PackedEncoder):
         self.has_head = self._load_head(config, weights, norm_bias, put)
 
     def _load_head(self, config: dict, weights, norm_bias: bool, put) -> bool:
-        if "classifier.weight" not in weights:
+        head = named_head(
+            config, self.architectures, SEQUENCE if "classifier.weight" in weights else None
+        )
+        if head is None:
             return False
-        self.pooling = config.get("classifier_pooling", "cls")
-        if self.pooling not in ("cls", "mean"):
-            raise UnsupportedModel(f"classifier_pooling {self.pooling!r} is not supported")
-        self.head_act = _activation(config, "classifier_activation")
+        if head == TOKEN:
+            self.head_task = TOKEN
+        else:
+            self.pooling = config.get("classifier_pooling", "cls")
+            if self.pooling not in ("cls", "mean"):
+                raise UnsupportedModel(f"classifier_pooling {self.pooling!r} is not supported")
+        self.head_act = activation_of(config, "classifier_activation")
         dense_bias = bool(config.get("classifier_bias", False))
         linear = self.kernel.linear
         self.head_dense = Linear(*_affine(weights, "head.dense", dense_bias, put), kernel=linear)
@@ -201,21 +200,6 @@ class ModernBertEncoder(PackedEncoder):
         head = [self.head_dense, self.head_out] if self.has_head else []
         return self.layers[0].linears() + head
 
-    def _window_masks(self):
-        """mask_for(length) of the local layers, each length's mask built once per forward
-        (not kept across forwards: a mask is length² and lengths reach thousands)."""
-        reach = self.window // 2
-        masks: dict[int, torch.Tensor] = {}
-
-        def mask_for(length: int) -> torch.Tensor | None:
-            if length <= reach + 1:
-                return None  # the window covers the whole row
-            if length not in masks:
-                masks[length] = sliding_window_mask(length, self.window, self.device)
-            return masks[length]
-
-        return mask_for
-
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T]."""
         hidden_size, eps = self.hidden_size, self.eps
@@ -226,7 +210,7 @@ class ModernBertEncoder(PackedEncoder):
             # Padding rows only ever meet per-row operations; attention never sees them.
             x = F.pad(x, (0, 0, 0, pad))
         positions = packed.positions(self.positions)
-        window_masks = self._window_masks()
+        sliding = window_masks(self.window, self.device)
         heads, dim = self.num_heads, self.head_dim
         for layer in self.layers:
             h = (
@@ -237,7 +221,7 @@ class ModernBertEncoder(PackedEncoder):
             qkv = layer.qkv(h)
             q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
             q, k = _rotate(layer.rotary, q, positions), _rotate(layer.rotary, k, positions)
-            mask_for = window_masks if layer.window else None
+            mask_for = sliding if layer.window else None
             ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
@@ -264,3 +248,13 @@ class ModernBertEncoder(PackedEncoder):
             *self.head_norm, self.eps,
         )  # fmt: skip
         return self.head_out.consistent(pooled)[:rows]
+
+    def token_logits(self, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Logits [T, labels] of every packed token: `head.dense` + activation +
+        `head.norm`, then `classifier`, on its hidden state."""
+        tokens = hidden.shape[0]
+        states = F.layer_norm(
+            self.head_act(self.head_dense(self.pad_to_cutoff(hidden))), (self.hidden_size,),
+            *self.head_norm, self.eps,
+        )  # fmt: skip
+        return self.head_out.consistent(states)[:tokens]

@@ -9,8 +9,10 @@ What differs from BERT (sr.models.bert):
   bucket of a query/key pair depends only on their offset, so it reaches `attention` as an
   additive float mask [heads, L, L], built once per row length per forward;
 * the layer names (`attention.attn.q/k/v/o`, `attention.LayerNorm`) and the classifier
-  (`classifier.dense` + tanh on the <s> state, then `classifier.out_proj`, as RoBERTa).
-Backbone tensors carry the `mpnet.` prefix in a `*ForSequenceClassification` checkpoint.
+  (`classifier.dense` + tanh on the <s> state, then `classifier.out_proj`, as RoBERTa;
+  `MPNetForTokenClassification`: `classifier` on every token).
+Backbone tensors carry the `mpnet.` prefix in a checkpoint with a head; config.json's
+`architectures` names the head (sr.models.heads).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from sr.models.blocks import (
     Packed,
     PackedEncoder,
     head_geometry,
+    post_norm_feed_forward,
     strip_prefix,
     take,
     weights_on,
 )
+from sr.models.heads import SEQUENCE, TOKEN, named_head
 from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
@@ -72,20 +76,20 @@ class _Layer:
                           put(take(w, f"{attn}.attn.o.bias")), kernel=kernel)  # fmt: skip
         self.ln1 = (put(take(w, f"{attn}.LayerNorm.weight")),
                     put(take(w, f"{attn}.LayerNorm.bias")))  # fmt: skip
-        self.ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
-                             put(take(w, f"{p}.intermediate.dense.bias")),
-                             kernel=kernel, activation="gelu")  # fmt: skip
-        self.ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
-                              put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
-        self.ln2 = (put(take(w, f"{p}.output.LayerNorm.weight")),
-                    put(take(w, f"{p}.output.LayerNorm.bias")))  # fmt: skip
+        self.ffn_in, self.ffn_out, self.ln2 = post_norm_feed_forward(w, p, put, kernel)
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.out, self.ffn_in, self.ffn_out]
 
 
 class MPNetEncoder(PackedEncoder):
-    """Hidden states of packed rows, plus the sequence-classification head if any."""
+    """Hidden states of packed rows, plus the head config.json names, if any."""
+
+    architectures = {  # noqa: RUF012 (read only)
+        "MPNetModel": None,
+        "MPNetForSequenceClassification": SEQUENCE,
+        "MPNetForTokenClassification": TOKEN,
+    }
 
     def __init__(
         self,
@@ -132,8 +136,16 @@ class MPNetEncoder(PackedEncoder):
         count = int(config["num_hidden_layers"])
         self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
         self.positions = torch.arange(self.max_positions, device=device)
-        self.has_head = "classifier.out_proj.weight" in weights
-        if self.has_head:
+        unnamed = SEQUENCE if "classifier.out_proj.weight" in weights else None
+        head = named_head(config, self.architectures, unnamed)
+        self.has_head = head is not None
+        if head == TOKEN:
+            self.head_task = TOKEN
+            self.head_out = Linear(put(take(weights, "classifier.weight")),
+                                   put(take(weights, "classifier.bias")),
+                                   kernel=linear)  # fmt: skip
+            self.num_labels = self.head_out.out_features
+        elif head == SEQUENCE:
             self.head_dense = Linear(put(take(weights, "classifier.dense.weight")),
                                      put(take(weights, "classifier.dense.bias")),
                                      kernel=linear)  # fmt: skip
@@ -171,3 +183,7 @@ class MPNetEncoder(PackedEncoder):
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels] from each row's first-token (<s>) hidden state."""
         return first_token_tanh_head(self, hidden, packed)
+
+    def token_logits(self, hidden: torch.Tensor, packed: Packed) -> torch.Tensor:
+        """Logits [T, labels] of every packed token: `classifier` on its hidden state."""
+        return self.head_out.consistent(hidden)

@@ -26,6 +26,7 @@ from sr.models.blocks import (
     take,
     weights_on,
 )
+from sr.models.heads import SEQUENCE, named_head
 from sr.models.linear import KernelChoice, Linear, choose_kernel
 
 
@@ -99,6 +100,11 @@ class _Layer:
 class Qwen3Encoder(PackedEncoder):
     """Hidden states of packed rows, plus the sequence-classification head if any."""
 
+    architectures = {  # noqa: RUF012 (read only)
+        "Qwen3Model": None,
+        "Qwen3ForSequenceClassification": SEQUENCE,
+    }
+
     def __init__(
         self,
         config: dict,
@@ -140,7 +146,8 @@ class Qwen3Encoder(PackedEncoder):
         self.positions = torch.arange(self.max_positions, device=device)
         pad_id = config.get("pad_token_id")
         self.pad_token_id = None if pad_id is None else int(pad_id)
-        self.has_head = "score.weight" in weights
+        unnamed = SEQUENCE if "score.weight" in weights else None
+        self.has_head = named_head(config, self.architectures, unnamed) == SEQUENCE
         if self.has_head:
             self.score = Linear(put(weights["score.weight"]), kernel=self.kernel.linear)
             self.num_labels = self.score.out_features

@@ -1,9 +1,12 @@
 """DeploymentPool: one deployment's replica tasks, its dispatch with deadlines, its timers.
 
 A dispatch reserves a replica synchronously (sr.pool.policy), then runs the exchange in a
-cancel scope whose deadline is min(caller deadline, `timeout_ms`). The scope firing is a
-`timeout`; a cancellation from outside (the caller went away) is `canceled`. Whatever
-happens, the reservation is released exactly once, after the response body was read.
+cancel scope whose deadline is min(caller deadline, `timeout_ms`; 30 s without one). The
+scope firing is a `timeout` when the deadline was `timeout_ms`, or a caller's deadline a
+healthy replica could have met (sr.pool.service_times); a shorter caller deadline is
+`short_deadline`, which answers 504 and counts for nothing. A cancellation from outside
+(the caller went away) is `canceled`. Whatever happens, the reservation is released exactly
+once, after the response body was read.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import attrs
 import trio
 
-from sr.config.schema import Deployment
+from sr.config.schema import DEFAULT_TIMEOUT_MS, Deployment
 from sr.error_answer import read_error_answer
 from sr.errors import DeadlineExceeded, Overloaded, TransportError, Unavailable, WorkerFailed
 from sr.pool.discovery import DiscoveryGroup
@@ -93,15 +96,18 @@ class DeploymentPool:
         every transport phase (sr.errors.TransportError), even once the request was written."""
         now = trio.current_time()
         deadline = math.inf if timeout_s is None else now + timeout_s
-        if self.config.timeout_ms is not None:
-            deadline = min(deadline, now + self.config.timeout_ms / 1000)
-        first = await self._attempt(path, body, deadline, request_id)
+        timeout_ms = self.config.timeout_ms
+        own = now + (DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms) / 1000
+        own_deadline = own <= deadline  # the deployment's `timeout_ms` is the one in force
+        if own_deadline:
+            deadline = own
+        first = await self._attempt(path, body, deadline, own_deadline, request_id)
         if isinstance(first, Reply):
             return first
         if trio.current_time() >= deadline:
             raise first
         try:
-            second = await self._attempt(path, body, deadline, request_id)
+            second = await self._attempt(path, body, deadline, own_deadline, request_id)
         except (Unavailable, Overloaded):
             raise first from None  # nothing else could take it: the crash is the truer answer
         if isinstance(second, Reply):
@@ -109,10 +115,11 @@ class DeploymentPool:
         raise second
 
     async def _attempt(
-        self, path: str, body: bytes, deadline: float, request_id: str | None
+        self, path: str, body: bytes, deadline: float, own_deadline: bool, request_id: str | None
     ) -> Reply | WorkerFailed:
         """The replica's answer, or (returned, not raised) the error for a replica that
-        gave no HTTP answer at all, which the caller may retry elsewhere."""
+        gave no HTTP answer at all, which the caller may retry elsewhere. A deadline that
+        fires counts against the replica only as `policy.deadline_outcome` rules."""
         res = self.policy.reserve(len(body), trio.current_time())
         rec = res.record
         runner = self.runners.get(rec.id)
@@ -132,7 +139,7 @@ class DeploymentPool:
                     return no_answer(error, rec.id, self.name)
                 outcome = outcome_of_status(status)
             if scope.cancelled_caught:
-                outcome = Outcome.TIMEOUT
+                outcome = self.policy.deadline_outcome(res, deadline, own_deadline)
                 raise DeadlineExceeded(
                     f"deployment {self.name!r}: no answer from replica {rec.id} within the deadline"
                 )

@@ -65,9 +65,14 @@ PRELOAD = (
     "sr.models.encoder",
     "sr.models.golden",
     "sr.models.bert",
+    "sr.models.distilbert",
     "sr.models.mpnet",
+    "sr.models.deberta",
     "sr.models.modernbert",
     "sr.models.qwen3",
+    "sr.models.gemma3",
+    "sr.models.heads",
+    "sr.worker.token_classify",
     "sr.pool.model_server",  # what a model's fork server runs (see `_model_server`)
 )
 MAX_MESSAGE = 1 << 20  # also in sr.pool.forked

@@ -12,7 +12,10 @@ class Outcome(enum.Enum):
     OK = "ok"  # 2xx
     REJECTED = "rejected"  # 4xx, or refused before sending
     FAILED = "failed"  # 5xx or transport error
-    TIMEOUT = "timeout"  # the effective deadline fired
+    TIMEOUT = "timeout"  # the effective deadline fired, and it was one a healthy replica meets
+    # The caller's deadline fired before any healthy replica could have answered
+    # (sr.pool.service_times): 504 to the caller, nothing against the replica.
+    SHORT_DEADLINE = "short_deadline"
     CANCELED = "canceled"  # the caller went away before its deadline
 
 

@@ -22,19 +22,23 @@ from sr.pool import ejection
 from sr.pool.changes import StateChanges
 from sr.pool.outcome import Outcome
 from sr.pool.record import ReplicaRecord
+from sr.pool.service_times import ServiceTimes
 from sr.pool.state import ReplicaState, check_transition
 
 MAX_INFLIGHT = 32
+# Outcomes that say nothing about the replica: they neither count nor reset.
+_NEUTRAL = frozenset({Outcome.REJECTED, Outcome.CANCELED, Outcome.SHORT_DEADLINE})
 
 
 class Reservation:
-    """One admitted request on one replica; released exactly once."""
+    """One admitted request on one replica, since `started`; released exactly once."""
 
-    __slots__ = ("cost", "record", "released")
+    __slots__ = ("cost", "record", "released", "started")
 
-    def __init__(self, record: ReplicaRecord, cost: int) -> None:
+    def __init__(self, record: ReplicaRecord, cost: int, started: float) -> None:
         self.record = record
         self.cost = cost
+        self.started = started
         self.released = False
 
 
@@ -58,6 +62,7 @@ class DeploymentPolicy:
         self.changes = changes or StateChanges()
         self._next_sequence = next_sequence
         self._mark = 0  # counts outcomes; orders ok answers against timeout streaks
+        self.service_times = ServiceTimes()  # healthy answers' durations, by request size
 
     # -- membership -----------------------------------------------------------------
     def publish(self, records: list[ReplicaRecord], outlier: OutlierDetection) -> None:
@@ -88,7 +93,7 @@ class DeploymentPolicy:
         best.inflight += 1
         best.outstanding_bytes += cost
         best.last_assigned = self._next_sequence()
-        return Reservation(best, cost)
+        return Reservation(best, cost, now)
 
     def _fallback(self, now: float) -> ReplicaRecord:
         """Slow path: an ejected replica (rule 7), else say why nothing can serve."""
@@ -128,6 +133,17 @@ class DeploymentPolicy:
         raise Unavailable(f"deployment {self.name!r} has no ready replica")
 
     # -- outcomes -------------------------------------------------------------------
+    def deadline_outcome(self, res: Reservation, deadline: float, own_deadline: bool) -> Outcome:
+        """What a deadline that fired on `res` says about its replica: the deployment's own
+        `timeout_ms` always counts; a caller's deadline counts only if a healthy replica
+        could have met it (sr.pool.service_times)."""
+        if own_deadline:
+            return Outcome.TIMEOUT
+        floor_s = self.outlier.min_deadline_ms / 1000
+        if self.service_times.deadline_counts(res.cost, deadline - res.started, floor_s):
+            return Outcome.TIMEOUT
+        return Outcome.SHORT_DEADLINE
+
     def release(self, res: Reservation, outcome: Outcome, now: float) -> bool:
         """Account for one finished exchange. True after a failure or timeout of a serving
         replica: a /health probe should run, and a backoff or ejection may have begun."""
@@ -138,11 +154,12 @@ class DeploymentPolicy:
         rec.inflight -= 1
         rec.outstanding_bytes -= res.cost
         self.changes.notify()  # a drain waits for in-flight requests to end
-        if rec.retired or outcome in (Outcome.REJECTED, Outcome.CANCELED):
+        if rec.retired or outcome in _NEUTRAL:
             return False
         self._mark += 1
         probe = False
         if outcome is Outcome.OK:
+            self.service_times.observe(res.cost, now - res.started)
             rec.backoff.ok()
             if ejection.on_ok(rec, self._mark, now):
                 self.events.emit(

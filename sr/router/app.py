@@ -64,6 +64,7 @@ from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
 from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster
 from sr.router.front import Front, NativeFront
+from sr.router.guard import FrontDoorGuard, check_json_body
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
@@ -111,13 +112,28 @@ class SupervisorLike(WorkerPoster, Protocol):
     async def replica_metrics(self, timeout_s: float) -> list[Any]: ...
 
 
+# An hour: longer than any forward, short enough for every clock and deadline sum.
+MAX_REQUEST_TIMEOUT_MS = 3_600_000
+_TIMEOUT_DIGITS = len(str(MAX_REQUEST_TIMEOUT_MS))
+
+
 def parse_timeout_header(value: bytes | None) -> float | None:
-    """X-Request-Timeout-Ms as seconds; a positive integer or InvalidRequest."""
+    """X-Request-Timeout-Ms as seconds; an integer in 1..MAX_REQUEST_TIMEOUT_MS or
+    InvalidRequest (its length is checked before it is converted: Python refuses, or takes
+    quadratic time over, integers of thousands of digits)."""
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit() or int(text) <= 0:
-        raise InvalidRequest("X-Request-Timeout-Ms: must be a positive integer (milliseconds)")
+    if (
+        not text.isdigit()
+        or len(text) > _TIMEOUT_DIGITS
+        or not 0 < int(text) <= MAX_REQUEST_TIMEOUT_MS
+    ):
+        raise InvalidRequest(
+            "X-Request-Timeout-Ms: must be an integer number of milliseconds from 1 to "
+            f"{MAX_REQUEST_TIMEOUT_MS}",
+            param="X-Request-Timeout-Ms",
+        )
     return int(text) / 1000.0
 
 
@@ -147,11 +163,15 @@ class RouterApp:
         self._artifacts: dict[str, str] = {}
         self._auth = ApiKeyCheck([])
         self._cors = CorsPolicy()
+        self._guard = FrontDoorGuard("127.0.0.1")
         self._faults = FaultRoute(core, enabled=fault_injection)
         self.apply_config(config)
         # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).
         self._fronts: dict[str, Front] = {route: NativeFront(route) for route in NATIVE_ROUTES}
-        self._fronts.update({route: tei.TeiFront(route) for route in tei.POST_ROUTES})
+        # TEI's root route reads the task of a body with `inputs` off the deployment's card.
+        self._fronts.update(
+            {route: tei.TeiFront(route, self._head_task) for route in tei.POST_ROUTES}
+        )
         self._get_routes: dict[str, Callable[[Send], Awaitable[None]]] = {
             "/health": self._health,
             "/ready": self._ready,
@@ -170,6 +190,9 @@ class RouterApp:
         listener = config.listeners[0] if config.listeners else None
         self._auth = ApiKeyCheck(list(listener.api_keys) if listener else [])
         self._cors = CorsPolicy(listener.cors_allow_origins if listener else ())
+        self._guard = FrontDoorGuard(
+            listener.host if listener else "127.0.0.1", listener.allowed_hosts if listener else ()
+        )
         # A discovered fleet (no fixed count) is never a single worker: no cache.
         self.cache.configure({name: d.fixed_worker_count or 0 for name, d in deployments.items()})
 
@@ -188,8 +211,8 @@ class RouterApp:
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        authorization, sent_id, origin = request_headers(
-            scope, b"authorization", request_id.HEADER, b"origin"
+        authorization, sent_id, origin, host, content_type = request_headers(
+            scope, b"authorization", request_id.HEADER, b"origin", b"host", b"content-type"
         )
         rid = request_id.usable(sent_id) if sent_id is not None else None
         token = request_id.current.set(rid or request_id.new_request_id())
@@ -198,7 +221,13 @@ class RouterApp:
             if sent_id is not None and rid is None:
                 await send_error(answer, InvalidRequest(_BAD_REQUEST_ID, param="X-Request-Id"))
             else:
-                await self._route(scope, receive, answer, authorization, origin)
+                # sr.router.guard: no web page may drive the router (Host, Origin, body type)
+                self._guard.check_host(host)
+                if scope["method"] == "POST":
+                    check_json_body(content_type)
+                await self._route(scope, receive, answer, authorization, origin, host)
+        except RequestError as error:
+            await send_error(answer, error)
         finally:
             request_id.current.reset(token)
             if self.access_log.enabled:
@@ -220,14 +249,17 @@ class RouterApp:
         send: Send,
         authorization: bytes | None,
         origin: bytes | None,
+        host: bytes | None,
     ) -> None:
         path = scope["path"]
         method = scope["method"]
-        if method == "OPTIONS" and self._cors.enabled and origin is not None:
-            (asked,) = request_headers(scope, b"access-control-request-method")
-            if self._cors.is_preflight(method, origin, asked):
-                await self._preflight(scope, send, origin)
-                return
+        if origin is not None:
+            if method == "OPTIONS" and self._cors.enabled:
+                (asked,) = request_headers(scope, b"access-control-request-method")
+                if self._cors.is_preflight(method, origin, asked):
+                    await self._preflight(scope, send, origin)
+                    return
+            self._guard.check_origin(origin, self._cors.enabled and self._cors.allows(origin), host)
         if not self._auth.allows(path, authorization):
             error = InvalidApiKey("missing or invalid API key (Authorization: Bearer <key>)")
             error.headers["WWW-Authenticate"] = "Bearer"
@@ -333,6 +365,16 @@ class RouterApp:
             + ", ".join(sorted(self._artifacts))
         )
 
+    def _head_task(self, model: str | None) -> str | None:
+        """The head the deployment a request names serves (a ready replica's card
+        `head_task`: "sequence", "token" or None), None while no replica is ready; a model
+        that names no deployment is None here and refused by the dispatch."""
+        try:
+            card = self.core.model_card(self._deployment_for(model))
+        except RequestError:
+            return None
+        return card.get("head_task") if card else None
+
     async def _tei_info(self, scope: dict[str, Any], send: Send) -> None:
         """GET /info: TEI's info object for the deployment (sr.router.tei.info)."""
         try:
@@ -435,7 +477,7 @@ class RouterApp:
             await send_error(send, Forbidden(f"Origin: {origin.decode('latin-1')} is not allowed"))
             return
         (asked_headers,) = request_headers(scope, b"access-control-request-headers")
-        headers = self._cors.preflight_headers(origin, asked_headers)
+        headers = self._cors.preflight_headers(asked_headers)
         await send({"type": "http.response.start", "status": 204, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
 
@@ -467,18 +509,21 @@ class RouterApp:
     def _model_entries(self) -> list[dict[str, Any]]:
         data = []
         for name, deployment in self.core.inventory().deployments.items():
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": self._created,
-                    "owned_by": "sr",
-                    "artifact": self._artifacts.get(name, deployment.artifact),
-                    "replicas": deployment.desired_replicas,
-                    "ready_replicas": deployment.ready_replicas,
-                    "ready": bool(deployment.ready_replicas),
-                }
-            )
+            entry = {
+                "id": name,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "sr",
+                "artifact": self._artifacts.get(name, deployment.artifact),
+                "replicas": deployment.desired_replicas,
+                "ready_replicas": deployment.ready_replicas,
+                "ready": bool(deployment.ready_replicas),
+            }
+            # A LoRA adapter deployment names its adapter and base (a ready worker's card).
+            adapter = (self.core.model_card(name) or {}).get("adapter")
+            if adapter:
+                entry["adapter"] = adapter
+            data.append(entry)
         return data
 
     async def _reload_route(self, send: Send) -> None:

@@ -7,9 +7,10 @@ Rules (the Fetch standard's CORS protocol, the parts a JSON API needs):
   here, before the API key check: browsers never send credentials on a preflight. An allowed
   origin gets 204 with the methods and the request headers it asked for; a refused one gets
   403 naming the origin, and the browser then refuses the real request.
-- Every other answer to an allowed origin carries `Access-Control-Allow-Origin` (the origin
-  itself, so the answer may be cached per origin: `Vary: Origin`) and exposes sr's own
-  response headers (request id, replica, timings) to the page's script.
+- Every answer to an allowed origin, the preflight's included, carries one
+  `Access-Control-Allow-Origin` (the origin itself, so the answer may be cached per origin:
+  `Vary: Origin`) and exposes sr's own response headers (request id, replica, timings) to
+  the page's script. A request from an origin not allowed is refused (sr.router.guard).
 - Credentials (cookies) are never allowed: sr authenticates with a bearer key, which a page
   sends as a header and which the preflight lets through.
 """
@@ -41,15 +42,12 @@ class CorsPolicy:
     def is_preflight(self, method: str, origin: bytes | None, request_method: bytes | None):
         return self.enabled and method == "OPTIONS" and origin is not None and bool(request_method)
 
-    def preflight_headers(
-        self, origin: bytes, request_headers: bytes | None
-    ) -> list[tuple[bytes, bytes]]:
-        """The headers of a 204 answer to an allowed preflight."""
+    def preflight_headers(self, request_headers: bytes | None) -> list[tuple[bytes, bytes]]:
+        """The headers a 204 answer to an allowed preflight adds to `answer_headers`' (a
+        second Access-Control-Allow-Origin would make browsers refuse the preflight)."""
         headers = [
-            (b"access-control-allow-origin", origin),
             (b"access-control-allow-methods", ALLOWED_METHODS),
             (b"access-control-max-age", PREFLIGHT_MAX_AGE_S),
-            (b"vary", b"Origin"),
         ]
         if request_headers:
             # Whatever the page asked to send: sr reads the ones it knows and ignores the rest.

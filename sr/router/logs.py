@@ -110,7 +110,10 @@ class TextLineFormatter(_LineFormatter):
             source = "sr"
         else:
             source = record.name
-        body = _body(line, worker).replace("\n", "\n  ")  # a message's own lines continue
+        # Control characters from callers (a path's %0d, %1b) would forge lines or drive
+        # the operator's terminal: escaped, as JSON lines escape them.
+        body = _body(line, worker).translate(_CONTROLS_BUT_NEWLINE)
+        body = body.replace("\n", "\n  ")  # a message's own lines continue
         text = f"{_utc(line.get('ts'))} {level:<5} {source}: {body}"
         exception = line.get("exception")
         if exception:
@@ -166,10 +169,15 @@ def _replica_state(line: dict) -> str:
 
 
 def _access(line: dict) -> str:
-    head = f"{line.get('method')} {line.get('route')} {line.get('status')} {line.get('ms')}ms"
+    route = str(line.get("route")).translate(_CONTROLS)
+    head = f"{line.get('method')} {route} {line.get('status')} {line.get('ms')}ms"
     shown = ("request_id", "deployment", "replica", "tokens")
     return " ".join([head, *_pairs({k: line.get(k) for k in shown}, frozenset())])
 
+
+# C0 controls, DEL and C1 controls as \xNN escapes; the second table keeps newlines.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+_CONTROLS_BUT_NEWLINE = {c: e for c, e in _CONTROLS.items() if c != 0x0A}
 
 _EVENT_TEXT: dict[str, Callable[[dict], str]] = {
     "replica_state": _replica_state,

@@ -2,7 +2,7 @@
 
 The file is read and validated first; an invalid file never reaches the pool. The pool
 prepares the new replicas before publishing them and keeps the old config serving when that
-fails (SPEC section 5). Only after the pool accepted the new config does the front end adopt
+fails. Only after the pool accepted the new config does the front end adopt
 it (artifacts, API keys, cache eligibility). One reload at a time, by the pool's one reload
 lock (`Supervisor.reloading`, whoever started the running one: this file reloader or the
 Python API): a reload asked for here while one runs is refused rather than queued, so
@@ -25,8 +25,10 @@ from sr.errors import (
     ReloadInProgress,
     ReloadRejected,
     SrError,
+    UsageError,
 )
 from sr.events import EventSink
+from sr.settings import ModelSources
 
 _log = logging.getLogger("sr.events")
 
@@ -50,12 +52,14 @@ class ConfigReloader:
         current: SrConfig,
         adopt: Callable[[SrConfig], None],
         events: EventSink,
+        sources: ModelSources | None = None,
     ):
         self.core = core
         self.config_path = config_path
         self.current = current
         self._adopt = adopt
         self._events = events
+        self._sources = sources  # where artifacts resolve, for the folders' input limits
 
     async def reload(self) -> dict[str, Any]:
         """Re-read the file and apply it; InvalidConfig, ReloadFailed or ReloadInProgress."""
@@ -63,9 +67,17 @@ class ConfigReloader:
         if self.core.reloading:
             raise ReloadInProgress("a reload is already in progress")
         from sr.config.load import load_config
+        from sr.models.limits import settle_input_limits
 
         try:
             new = load_config(self.config_path)
+            # As `sr serve` settled the file it started from, so unchanged deployments keep
+            # their replicas whether the file states the folder's limit or leaves it out.
+            settle_input_limits(new, self._sources)
+        except UsageError as error:
+            self._events.emit("config_reload_rejected", path=str(self.config_path),
+                              error=str(error))  # fmt: skip
+            raise InvalidConfig(f"{self.config_path}: {error}") from None
         except ConfigError as error:
             self._events.emit("config_reload_rejected", path=str(self.config_path),
                               error=str(error))  # fmt: skip

@@ -81,6 +81,7 @@ async def serve(
     out: TextIO | None = None,
     access_log: AccessLog | None = None,
     settings: Settings | None = None,
+    on_bound: Callable[[], None] | None = None,
     task_status: trio.TaskStatus[ServingRouter] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `config` over HTTP until shut down or cancelled; raises SrError on startup failure.
@@ -88,7 +89,8 @@ async def serve(
     `settings`: the environment, parsed (sr.settings; default: read now: a malformed
     variable is a UsageError before anything starts). `ready_timeout_s=None` takes
     VLLM_SRUN_READY_TIMEOUT from them (default 10m). `out` takes the milestone lines
-    (stdout); `access_log` the request lines (default: none).
+    (stdout); `access_log` the request lines (default: none). `on_bound` runs once the
+    listener is bound, before any worker starts (`sr serve` writes its config file there).
     """
     settings = settings if settings is not None else read_process_settings()
     events = events if events is not None else EventSink()
@@ -110,6 +112,8 @@ async def serve(
         from sr.pool import open_router
     listeners, binds = await _bind(host, port)  # before any worker starts
     try:
+        if on_bound is not None:
+            on_bound()
         async with open_router(
             config, events=events, in_process=in_process, threads=threads, settings=settings
         ) as core:
@@ -129,8 +133,9 @@ async def serve(
             reloader = None
             if config_path is not None:
                 reloader = ConfigReloader(
-                    core, config_path, current=config, adopt=app.apply_config, events=events
-                )
+                    core, config_path, current=config, adopt=app.apply_config, events=events,
+                    sources=settings.models,
+                )  # fmt: skip
                 app.set_reload(reloader.reload)
             stop = trio.Event()
             failure: list[SrError] = []
@@ -194,11 +199,12 @@ def run_sr_serve(
     log_format: str | None = None,
     access_log: bool = False,
     settings: Settings | None = None,
+    write_config: Callable[[], None] | None = None,
 ) -> int:
     """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails, 2 for a
     bad setting found before anything started. `log_format` None: SR_LOG_FORMAT, else text
     on a terminal, json elsewhere (sr.router.logs). `settings`: as `sr serve` read them
-    (default: read now)."""
+    (default: read now). `write_config` runs once the listener is bound."""
     try:
         settings = settings if settings is not None else read_process_settings()
         log_format = resolve_log_format(log_format, settings.environ, sys.stderr)
@@ -208,7 +214,10 @@ def run_sr_serve(
     configure_logging(log_format=log_format)
     requests = AccessLog(enabled=access_log)
     try:
-        return trio.run(_run_process, config, config_path, host, port, threads, requests, settings)
+        return trio.run(
+            _run_process, config, config_path, host, port, threads, requests, settings,
+            write_config,
+        )  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C before the signal receiver was installed
         return 0
 
@@ -233,6 +242,7 @@ async def _run_process(
     threads: int | None,
     access_log: AccessLog,
     settings: Settings,
+    write_config: Callable[[], None] | None,
 ) -> int:
     failure: list[BaseException] = []
     started = _Started()
@@ -245,7 +255,7 @@ async def _run_process(
                     await serve(
                         config, config_path=config_path, host=host, port=port,
                         threads=threads, access_log=access_log, settings=settings,
-                        task_status=started,
+                        on_bound=write_config, task_status=started,
                     )  # fmt: skip
                 except (SrError, OSError) as error:
                     failure.append(error)

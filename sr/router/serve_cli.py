@@ -6,12 +6,14 @@
              [--log-format text|json] [--access-log]
 
 The config file is the only state: flags are applied to it (creating the default config
-when the file is missing), the result is validated, and only then written, atomically and
-only when it changed. Usage errors are one line on stderr and exit status 2, with the
-file left byte-for-byte as it was (a config with several issues lists them all on that line,
-joined by "; "). `--threads` above the CPU budget is capped at it silently, exactly like
-`VLLM_SRUN_CPU_THREADS` (SPEC section 7). `--dtype` is written into the default
-deployment, like MODEL: an engine arg of the config, not a run-time setting.
+when the file is missing; `--host`/`--port` land on its first listener), the result is
+validated, and written atomically, only when it changed and only once the listener is bound
+(a port in use is `startup failed`, exit status 1, with the file as it was). Usage errors
+are one line on stderr and exit status 2, with the file left byte-for-byte as it was (a
+config with several issues lists them all on that line, joined by "; "). `--threads` above
+the CPU budget is capped at it silently, exactly like `VLLM_SRUN_CPU_THREADS`. `--dtype` is
+written into the default deployment, like MODEL: an engine arg of the config, not a
+run-time setting.
 
 `--download` fetches, before the config is written and before any worker starts, every
 Hugging Face artifact of a managed deployment that does not resolve offline
@@ -35,7 +37,8 @@ from sr.config.load import dump_config, load_config, validate, write_config_atom
 from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
 from sr.config.schema import DEPLOYMENT_DTYPES, MAX_REPLICAS, SrConfig, default_config
 from sr.devices import cpu_budget, gpu_inventory
-from sr.errors import ConfigError, ConfigIssue, UsageError
+from sr.errors import ConfigError, ConfigIssue, StartupFailed, UsageError
+from sr.models.limits import settle_input_limits
 from sr.router.logs import LOG_FORMATS, resolve_log_format
 from sr.settings import Settings, read_process_settings
 
@@ -97,6 +100,10 @@ def _apply_dtype(cfg: SrConfig, dtype: str) -> None:
     deployment.dtype = dtype
 
 
+def _would_not_validate(issues: list[ConfigIssue]) -> UsageError:
+    return UsageError(f"the result would not validate: {'; '.join(map(str, issues))}")
+
+
 def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
     """`env`: the environment to read (default: this process's; sr.settings)."""
     try:
@@ -115,6 +122,8 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         platform=args.platform,
         data_parallel=args.data_parallel,
         device_ids=args.device_ids,
+        host=args.host,
+        port=args.port,
     )
     exists = path.exists()
     try:
@@ -123,15 +132,13 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         new = apply_flags(current, flags, inventory, settings.environ)
         if args.dtype is not None:
             _apply_dtype(new, args.dtype)
+        settle_input_limits(new, settings.models)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
     except ConfigError as exc:
         return report_usage_error(PROG, UsageError(_issues_line(path, exc.issues)))
-    issues = validate(new)
-    if issues:
-        joined = "; ".join(str(issue) for issue in issues)
-        return report_usage_error(PROG, UsageError(f"the result would not validate: {joined}"))
-
+    if issues := validate(new):
+        return report_usage_error(PROG, _would_not_validate(issues))
     if args.dry_run:
         sys.stdout.write(dump_config(new))
         return 0
@@ -147,17 +154,30 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         except KeyboardInterrupt:
             print(f"{PROG}: startup failed: download interrupted", file=sys.stderr)
             return 1
+        try:  # the folders fetched now have their limits too
+            settle_input_limits(new, settings.models)
+        except UsageError as exc:
+            return report_usage_error(PROG, exc)
+        if issues := validate(new):
+            return report_usage_error(PROG, _would_not_validate(issues))
     wrote = not exists or new != current
-    if wrote:
-        try:
-            write_config_atomic(path, new)
-        except OSError as exc:
-            print(f"{PROG}: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
+
+    def write_config() -> None:
+        """Called once the listener is bound: a port in use leaves the file as it was."""
+        if wrote:
+            try:
+                write_config_atomic(path, new)
+            except OSError as exc:
+                raise StartupFailed(f"cannot write {path}: {exc.strerror or exc}") from None
 
     try:
         from sr.router.serve import run_sr_serve
     except ImportError:
+        try:
+            write_config()
+        except StartupFailed as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
         state = "written to" if wrote else "unchanged at"
         print(
             f"{PROG}: config {state} {path}; the router is not available in this build",
@@ -169,8 +189,9 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
     return run_sr_serve(
         new,
         config_path=path,
-        host=args.host,
-        port=args.port,
+        host=None,  # both are in `new` now
+        port=None,
+        write_config=write_config,
         threads=threads,
         log_format=log_format,
         access_log=args.access_log,

@@ -8,7 +8,11 @@ deployment, cache, deadline header, hang-up cancel, replica header, metrics).
     POST /embed     -> /v1/embeddings   [[float, ...], ...]: always a list of vectors
     POST /rerank    -> /v1/rerank       [{index, score, text?}, ...], highest score first
     POST /tokenize  -> /v1/tokenize     [[{id, text, special, start, stop}, ...], ...]
-    POST /          -> /embed for a body with `inputs`, /rerank for `query` and `texts`
+    POST /          -> /embed for a body with `inputs`, /rerank for `query` and `texts`;
+                       on a token-classification deployment (its card's `head_task`),
+                       Hugging Face's token-classification task: `{inputs, parameters?}`
+                       -> /v1/classify, answered [{entity_group, score, word, start, end}]
+                       (a list of such lists for a list of inputs)
     GET  /info      -> TEI's info object, from a ready replica's worker card (`info`)
 
 Rules:
@@ -27,7 +31,11 @@ Rules:
   token ids, and unknown fields (TEI ignores them; a misspelt `normalise` must not
   silently serve the default).
 - /tokenize offsets are UTF-8 byte offsets into the input, as TEI's (Rust tokenizers) are;
-  the worker answers code-point offsets and they are converted here.
+  the worker answers code-point offsets and they are converted here. Token-classification
+  offsets stay code points, as transformers' pipeline and the Inference API give them.
+- The token-classification `parameters` are the task's: `aggregation_strategy` and
+  `ignore_labels` (the native fields); `stride` is refused unless null (sr does not
+  split a text into overlapping windows: a long text follows `input.overflow`).
 - Errors: `{"error": message, "error_type": TEI's type, "code": sr's code}` (plus
   `request_id`), with TEI's statuses: an empty batch or text 400 Empty; other validation
   422 Validation, 413 when inputs are too many or too large; overloaded 429 Overloaded
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -55,8 +64,16 @@ from sr.worker.validation import MAX_INPUTS
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
 POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT})
 INFO_PATH = "/info"
+# Hugging Face's token-classification task, reached through the root route only.
+TOKEN_CLASSIFICATION = "token-classification"
+_TOKEN_PARAMETERS = frozenset({"aggregation_strategy", "ignore_labels", "stride"})
 
-_NATIVE_ROUTE = {EMBED: "/v1/embeddings", RERANK: "/v1/rerank", TOKENIZE: "/v1/tokenize"}
+_NATIVE_ROUTE = {
+    EMBED: "/v1/embeddings",
+    RERANK: "/v1/rerank",
+    TOKENIZE: "/v1/tokenize",
+    TOKEN_CLASSIFICATION: "/v1/classify",
+}
 _FIELDS = {
     EMBED: frozenset(
         {
@@ -68,13 +85,24 @@ _FIELDS = {
         {"query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text", "model"}
     ),
     TOKENIZE: frozenset({"inputs", "add_special_tokens", "prompt_name", "model"}),
+    TOKEN_CLASSIFICATION: frozenset({"inputs", "parameters", "model"}),
 }  # fmt: skip
-_REQUIRED = {EMBED: ("inputs",), RERANK: ("query", "texts"), TOKENIZE: ("inputs",)}
+_REQUIRED = {
+    EMBED: ("inputs",),
+    RERANK: ("query", "texts"),
+    TOKENIZE: ("inputs",),
+    TOKEN_CLASSIFICATION: ("inputs",),
+}
 # A worker's message starts with the native field; TEI's caller knows it by TEI's name.
 _TEI_FIELD = {
     "/v1/embeddings": {"input": "inputs"},
     "/v1/rerank": {"documents": "texts", "return_documents": "return_text"},
     "/v1/tokenize": {"input": "inputs"},
+    "/v1/classify": {
+        "input": "inputs",
+        "aggregation_strategy": "parameters.aggregation_strategy",
+        "ignore_labels": "parameters.ignore_labels",
+    },
 }
 _LEADING_FIELD = re.compile(r"^([A-Za-z_]+)(?=[\[.:\s])")
 # sr code -> (TEI status, TEI error_type); anything else by its status class.
@@ -102,14 +130,20 @@ class TeiRequest:
     model: str | None
 
 
+# The head a deployment's model serves, by the body's `model` (None: the only deployment):
+# "sequence", "token" or None (its card's `head_task`; None too while no replica is ready).
+HeadTaskOf = Callable[[str | None], str | None]
+
+
 @attrs.frozen
 class TeiFront:
     """The TEI routes' side of sr.router.app's dispatch (see sr.router.front.Front)."""
 
     route: str  # the path called: /embed, /rerank, /tokenize or /
+    head_task: HeadTaskOf | None = None  # the root route reads the task off the deployment
 
     def parse(self, raw: bytes) -> TeiRequest:
-        return parse_request(self.route, raw)
+        return parse_request(self.route, raw, self.head_task)
 
     def forward(self, request: TeiRequest, raw: bytes) -> bytes:
         return dump_json(request.body)  # a body the router built: dumped once
@@ -125,12 +159,12 @@ class TeiFront:
 
 
 # -- requests ------------------------------------------------------------------------------
-def parse_request(path: str, raw: bytes) -> TeiRequest:
+def parse_request(path: str, raw: bytes, head_task: HeadTaskOf | None = None) -> TeiRequest:
     """A TEI body for `path` as a native request; InvalidRequest (or EmptyInput) naming the
     field when it is not one TEI would take, or one sr cannot answer as TEI would."""
     body = parse_json_object(raw)
     if path == ROOT:
-        path = _root_target(body)
+        path = _root_target(body, head_task)
     _check_fields(body, path)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
@@ -139,6 +173,8 @@ def parse_request(path: str, raw: bytes) -> TeiRequest:
         native = _embed_body(body)
     elif path == RERANK:
         native = _rerank_body(body)
+    elif path == TOKEN_CLASSIFICATION:
+        native = _token_classification_body(body)
     else:
         native = _tokenize_body(body)
     if model is not None:
@@ -146,9 +182,15 @@ def parse_request(path: str, raw: bytes) -> TeiRequest:
     return TeiRequest(_NATIVE_ROUTE[path], native, model)
 
 
-def _root_target(body: dict[str, Any]) -> str:
-    """TEI's root route takes the body of the model's task; sr reads the task off the body."""
+def _root_target(body: dict[str, Any], head_task: HeadTaskOf | None) -> str:
+    """TEI's root route takes the body of the model's task; sr reads the task off the body,
+    and, for `inputs`, off the deployment: a token-classification head's task is Hugging
+    Face's token classification, any other model's is /embed."""
     if "inputs" in body:
+        model = body.get("model")
+        named = model is None or (isinstance(model, str) and model)  # else refused later
+        if head_task is not None and named and head_task(model) == "token":
+            return TOKEN_CLASSIFICATION
         return EMBED
     if "query" in body and "texts" in body:
         return RERANK
@@ -235,18 +277,42 @@ def _rerank_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def _tokenize_body(body: dict[str, Any]) -> dict[str, Any]:
     _refuse_prompt(body)
-    inputs = body["inputs"]
+    texts = _texts(body["inputs"])
+    return {"input": texts, "add_special_tokens": _flag(body, "add_special_tokens", True)}
+
+
+def _texts(inputs: Any) -> str | list[str]:
+    """`inputs` as one text or a non-empty list of texts."""
     if isinstance(inputs, str):
-        texts: str | list[str] = _text(inputs, "inputs")
-    elif isinstance(inputs, list):
+        return _text(inputs, "inputs")
+    if isinstance(inputs, list):
         if not inputs:
             raise EmptyInput("inputs: must not be empty")
-        texts = [_text(text, f"inputs[{i}]") for i, text in enumerate(inputs)]
-    else:
-        raise InvalidRequest(
-            f"inputs: expected a string or a list of strings, got {json_kind(inputs)}"
-        )
-    return {"input": texts, "add_special_tokens": _flag(body, "add_special_tokens", True)}
+        return [_text(text, f"inputs[{i}]") for i, text in enumerate(inputs)]
+    raise InvalidRequest(f"inputs: expected a string or a list of strings, got {json_kind(inputs)}")
+
+
+def _token_classification_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Hugging Face's token-classification task body as the native /v1/classify's."""
+    native: dict[str, Any] = {"input": _texts(body["inputs"])}
+    parameters = body.get("parameters")
+    if parameters is None:
+        return native
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"parameters: expected an object, got {json_kind(parameters)}")
+    for name, value in parameters.items():
+        if name not in _TOKEN_PARAMETERS:
+            allowed = ", ".join(sorted(_TOKEN_PARAMETERS))
+            raise InvalidRequest(f"parameters.{name}: unknown parameter; allowed: {allowed}")
+        if name == "stride":
+            if value is not None:
+                raise InvalidRequest(
+                    "parameters.stride: not supported; sr classifies each text in one window "
+                    "(a text over input.max_tokens follows the deployment's input.overflow)"
+                )
+        elif value is not None:
+            native[name] = value  # the worker checks them, naming the native field
+    return native
 
 
 def _text(value: Any, field: str) -> str:
@@ -302,6 +368,11 @@ def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
     if request.route == "/v1/embeddings":
         rows = sorted(native["data"], key=lambda row: row["index"])
         return dump_json([row["embedding"] for row in rows])
+    if request.route == "/v1/classify":  # token classification
+        results = sorted(native["results"], key=lambda result: result["index"])
+        if isinstance(request.body["input"], str):
+            return dump_json(results[0]["entities"])
+        return dump_json([result["entities"] for result in results])
     if request.route == "/v1/rerank":
         ranks = []
         for result in native["results"]:  # already highest score first
@@ -409,7 +480,9 @@ def _model_type(card: dict[str, Any]) -> dict[str, Any]:
     if labels:
         id2label = {str(i): label for i, label in enumerate(labels)}
         label2id = {label: i for i, label in enumerate(labels)}
-        kind = "reranker" if len(labels) == 1 else "classifier"
+        # TEI has no token-classification type; a token head is a classifier (of tokens).
+        reranker = len(labels) == 1 and card.get("head_task") != "token"
+        kind = "reranker" if reranker else "classifier"
         return {kind: {"id2label": id2label, "label2id": label2id}}
     modes = card.get("pooling") or []
     pooling = "+".join(_POOLING_NAMES.get(mode, mode) for mode in modes) or None

@@ -32,8 +32,11 @@ from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
 
 # `embed_unnormalized`: the vector before the checkpoint's Normalize module (TEI's
-# `normalize: false`); a kind of its own so that cached rows never mix the two.
-KINDS = ("embed", "embed_unnormalized", "classify", "rerank")
+# `normalize: false`); a kind of its own so that cached rows never mix the two. `token`:
+# a token-classification head's logits, one list per token of the row.
+KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token")
+# Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
+_PER_TOKEN = frozenset({"token"})
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -96,6 +99,7 @@ class Engine:
             "rerank": lambda rows: model.rerank_logits(
                 [r.ids for r in rows], [r.second for r in rows]
             ),
+            "token": lambda rows: model.token_logits([r.ids for r in rows]),
         }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()
@@ -107,9 +111,10 @@ class Engine:
 
     async def compute(
         self, kind: str, rows: list[list[int]], second_starts: list[int] | None = None
-    ) -> list[list[float]]:
-        """Answer each row (one list of floats per row, in order), sharing forwards.
-        Pairs (kind `rerank`) give where each row's second text starts."""
+    ) -> list[list]:
+        """Answer each row (one list of floats per row, in order; for `token`, one such
+        list per token of the row), sharing forwards. Pairs (kind `rerank`) give where
+        each row's second text starts."""
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         answers: list[list[float] | None] = [None] * len(rows)
@@ -158,8 +163,10 @@ class Engine:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
             window = self._take_window()
-            for kind in KINDS:
-                rows = [r for s in window if s.kind == kind for r in s.rows]
+            by_kind: dict[str, list[_Row]] = {}
+            for submission in window:
+                by_kind.setdefault(submission.kind, []).extend(submission.rows)
+            for kind, rows in by_kind.items():
                 batches = plan_batches(
                     rows,
                     lambda r: r.length,
@@ -188,6 +195,8 @@ class Engine:
             with torch.inference_mode():
                 out = self._runner.run(lambda: forward(batch), padded)
                 values = out.detach().float().cpu().tolist()
+            if kind in _PER_TOKEN:
+                values = _per_row(values, batch)
             return values, started, time.perf_counter() - started
 
         try:
@@ -216,3 +225,12 @@ class Engine:
             submission.remaining -= 1
             if submission.remaining == 0:
                 submission.done.set()
+
+
+def _per_row(values: list, batch: list[_Row]) -> list[list]:
+    """A per-token answer [T, ...] of packed rows as one list per row."""
+    rows, start = [], 0
+    for row in batch:
+        rows.append(values[start : start + row.length])
+        start += row.length
+    return rows

@@ -51,14 +51,14 @@ class WorkerOptions(EngineArgs):
             raise UsageError(f"--threads: must be >= 1, got {self.threads}")
         if self.profile not in PROFILES:
             raise UsageError(f"--profile: unknown profile {self.profile!r}; one of {PROFILES}")
-        if self.max_tokens < MIN_MAX_TOKENS:
+        if self.max_tokens is not None and self.max_tokens < MIN_MAX_TOKENS:
             raise UsageError(f"--max-tokens: must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
         if self.overflow not in OVERFLOW_MODES:
             raise UsageError(f"--overflow: must be one of {OVERFLOW_MODES}, got {self.overflow!r}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise UsageError(f"--max-num-seqs: must be >= 1, got {self.max_num_seqs}")
         budget = self.max_num_batched_tokens
-        if budget is not None and budget < self.max_tokens:
+        if budget is not None and self.max_tokens is not None and budget < self.max_tokens:
             # A row of max_tokens must fit in one forward, or it could never run.
             raise UsageError(
                 f"--max-num-batched-tokens: must be >= --max-tokens ({self.max_tokens}), "

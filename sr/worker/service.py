@@ -28,6 +28,7 @@ from sr.errors import (
     NotFound,
     RequestError,
     Unavailable,
+    UsageError,
 )
 from sr.events import EventSink
 from sr.http.request_id import current as current_request_id
@@ -198,6 +199,11 @@ class WorkerService:
             self._set_state("failed", f"load failed: {type(error).__name__}: {error}")
             return False
         self.model = model
+        try:
+            limits = resolve_limits(options, model)
+        except UsageError as error:  # an input cap the model cannot take
+            self._set_state("failed", f"load failed: {error}")
+            return False
         self._set_state("warming")
         try:
             self.cpu_placement = await device.run(self._place_peers)
@@ -215,7 +221,6 @@ class WorkerService:
             if golden.status != "passed":
                 self._set_state("failed", f"golden check failed: {golden.reason}")
                 return False
-            limits = resolve_limits(options, model)
             self.probe = await device.run(
                 lambda: batch_invariance_probe(model, self.runner, limits.max_input_tokens)
             )
@@ -411,6 +416,8 @@ class WorkerService:
             "artifact": options.artifact,
             "revision": options.revision,
             "weights_sha256": getattr(model, "weights_sha256", None),
+            # a LoRA adapter's own weights and its base's (sr.models.adapter), or None
+            "adapter": getattr(model, "adapter_card", None),
             "device": options.device,
             "threads": options.threads,
             "profile": options.profile,
@@ -425,6 +432,8 @@ class WorkerService:
             "embedding_dim": getattr(model, "embedding_dim", None),
             "pooling": list(getattr(model, "pooling_modes", None) or []) or None,
             "head_labels": getattr(model, "head_labels", None),
+            # what the head labels: "sequence" (a text), "token" (each token) or None
+            "head_task": getattr(model, "head_task", None),
             "head_activation": getattr(model, "head_activation", None),
             "golden": self.golden,
             "batching": {

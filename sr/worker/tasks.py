@@ -21,6 +21,7 @@ from sr.errors import InvalidRequest, RequestTooLarge
 from sr.worker import timing
 from sr.worker import validation as v
 from sr.worker.served_as import served_model
+from sr.worker.token_classify import TOKEN_ONLY_FIELDS, TokenClassifier
 
 ZERO_SHOT_TEMPERATURE = 0.05
 # Tokenizing more characters than this moves to a helper thread so the event loop stays free.
@@ -52,6 +53,10 @@ class Tasks:
         self.artifact = artifact
         self.max_input_tokens = max_input_tokens
         self.overflow = overflow
+        # /v1/classify on a head that labels tokens answers entities (sr.worker.token_classify).
+        self.token_classifier = (
+            TokenClassifier(self) if getattr(model, "head_task", None) == "token" else None
+        )
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
@@ -112,6 +117,14 @@ class Tasks:
         }
 
     async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.token_classifier is not None:
+            return await self.token_classifier.classify(body)
+        for name in TOKEN_ONLY_FIELDS:
+            if name in body:
+                head = "labels whole texts" if self.model.head_labels else "is none of its own"
+                raise InvalidRequest(
+                    f"{name}: applies to a token-classification head only; this model's head {head}"
+                )
         v.check_fields(body, allowed=_CLASSIFY_FIELDS, required=("input",))
         model_name = self._served_model(body)
         overflow = self._overflow(body)
@@ -223,6 +236,12 @@ class Tasks:
         # The head's logit itself (TEI's raw_scores), not its sigmoid, which saturates.
         raw_scores = v.boolean(body.get("raw_scores", False), "raw_scores")
         labels = self.model.head_labels
+        if self.token_classifier is not None:
+            raise InvalidRequest(
+                "this deployment's model labels tokens (a token-classification head); "
+                "/v1/rerank needs a cross-encoder checkpoint (a *ForSequenceClassification "
+                "with one output)"
+            )
         if not labels:
             raise InvalidRequest(
                 "this deployment's model has no classification head; /v1/rerank needs a "

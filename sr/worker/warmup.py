@@ -5,11 +5,14 @@ Both functions touch torch and therefore only ever run on the worker's device th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import attrs
 import torch
 
+from sr.errors import UsageError
+from sr.models.limits import default_max_tokens, over_ceiling
 from sr.worker.batching import Limits
 from sr.worker.contention import (
     CoreYield,
@@ -53,10 +56,17 @@ class ProbeResult:
 
 
 def resolve_limits(options: WorkerOptions, model, *, mem_get_info=None) -> Limits:
-    """Configured caps win; otherwise a CPU default or a budget calibrated from free memory."""
-    max_input = min(options.max_tokens, int(model.max_position_embeddings))
-    if options.max_num_seqs is not None and options.max_num_batched_tokens is not None:
-        return Limits(options.max_num_seqs, options.max_num_batched_tokens, max_input, "configured")
+    """Configured caps win; otherwise a CPU default or a budget calibrated from free memory.
+    The input cap is `--max-tokens`, else the folder's own (sr.models.limits)."""
+    max_input = max_input_tokens(options, model)
+    budget = options.max_num_batched_tokens
+    if budget is not None and budget < max_input:
+        raise UsageError(
+            f"--max-num-batched-tokens: must be >= the input cap ({max_input}, the model's own: "
+            f"set --max-tokens to serve shorter inputs), got {budget}"
+        )
+    if options.max_num_seqs is not None and budget is not None:
+        return Limits(options.max_num_seqs, budget, max_input, "configured")
     if options.device == "cpu":
         seqs, budget, source = CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS, "cpu_default"
     else:
@@ -67,6 +77,17 @@ def resolve_limits(options: WorkerOptions, model, *, mem_get_info=None) -> Limit
     if options.max_num_batched_tokens is not None:
         budget, source = options.max_num_batched_tokens, "configured"
     return Limits(seqs, max(budget, max_input), max_input, source)
+
+
+def max_input_tokens(options: WorkerOptions, model) -> int:
+    """`--max-tokens`, refused above what the model takes; without it, the folder's own
+    (sr.models.limits: sentence_bert_config.json's max_seq_length, else the ceiling)."""
+    ceiling = int(model.max_position_embeddings)
+    if options.max_tokens is None:
+        return default_max_tokens(getattr(model, "max_seq_length", None), ceiling)
+    if options.max_tokens > ceiling:
+        raise UsageError(over_ceiling("--max-tokens", options.max_tokens, ceiling))
+    return options.max_tokens
 
 
 def _calibrate_gpu(model, max_input: int, mem_get_info) -> tuple[int, int]:
@@ -85,11 +106,11 @@ def batch_invariance_probe(model, runner, max_input_tokens: int) -> ProbeResult:
     kernels of another precision may round a row differently by batch shape."""
     rows = _probe_rows(model, max_input_tokens)
     for name, forward in _probe_forwards(model):
-        alone = [_run(runner, forward, [row]) for row in rows]
+        alone = [_run(runner, forward, [row])[0] for row in rows]
         for order in (rows, rows[::-1]):
             mixed = _run(runner, forward, order)
             for position, row in enumerate(order):
-                expected = alone[rows.index(row)][0]
+                expected = alone[rows.index(row)]
                 if not torch.equal(mixed[position], expected):
                     diff = (mixed[position].double() - expected.double()).abs().max().item()
                     return ProbeResult(
@@ -109,11 +130,32 @@ def _probe_rows(model, max_input_tokens: int) -> list[list[int]]:
 
 
 def _probe_forwards(model) -> list[tuple[str, Callable]]:
-    """The forwards a probe compares: embeddings, and the head's logits if there is one."""
+    """The forwards a probe compares: embeddings, and the head's logits if there is one
+    (a token-classification head's per token, split back into rows)."""
     forwards: list[tuple[str, Callable]] = [("embed", model.embed)]
-    if model.head_labels:
+    if model.head_labels and getattr(model, "head_task", None) == "token":
+        forwards.append(("token", functools.partial(_token_rows, model)))
+    elif model.head_labels:
         forwards.append(("classify", model.classify_logits))
     return forwards
+
+
+def _token_rows(model, batch: list[list[int]]) -> list[torch.Tensor]:
+    """A token head's logits as one [length, labels] tensor per row."""
+    return list(model.token_logits(batch).split([len(row) for row in batch]))
+
+
+def _cpu(out: torch.Tensor | list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """A forward's answer on the CPU: one tensor with a row per text, or one per text."""
+    if isinstance(out, list):
+        return [t.detach().cpu() for t in out]
+    return out.detach().cpu()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(torch.equal, a, b))
+    return torch.equal(a, b)
 
 
 def _at_dtype(model) -> str:
@@ -122,10 +164,10 @@ def _at_dtype(model) -> str:
     return "" if dtype == torch.float32 else f" at {str(dtype).removeprefix('torch.')}"
 
 
-def _run(runner, forward, batch: list[list[int]]) -> torch.Tensor:
+def _run(runner, forward, batch: list[list[int]]):
     padded = len(batch) * max(len(r) for r in batch)
     with torch.inference_mode():
-        return runner.run(lambda: forward(batch), padded).detach().cpu()
+        return _cpu(runner.run(lambda: forward(batch), padded))
 
 
 def yield_counts(configured: int) -> list[int]:
@@ -150,12 +192,12 @@ def thread_count_probe(
 
     def outputs(threads: int) -> list[torch.Tensor]:
         with use_threads(threads), torch.inference_mode():
-            return [forward(rows).detach().cpu() for forward in forwards]
+            return [_cpu(forward(rows)) for forward in forwards]
 
     reference = outputs(configured)
     agreeing, differing = [], []
     for count in yield_counts(configured):
-        same = all(map(torch.equal, outputs(count), reference))
+        same = all(map(_same, outputs(count), reference))
         (agreeing if same else differing).append(count)
     detail = f"bit-identical to {configured} threads at {agreeing or 'no smaller count'}"
     if differing:

@@ -195,7 +195,10 @@ def test_artifact_and_revision_must_survive_the_worker_command_line(field, value
 
 
 def test_batched_token_budget_must_fit_one_full_input():
-    assert messages(with_primary(max_num_batched_tokens=100)) == [
+    assert messages(with_primary(max_num_batched_tokens=100)) == []  # the worker checks it
+    cfg = with_primary(max_num_batched_tokens=100)
+    cfg.deployments["primary"].input.max_tokens = 256
+    assert messages(cfg) == [
         f"{P}.max_num_batched_tokens: must be at least input.max_tokens (256) so that one"
         " full-length input fits a batch, got 100"
     ]
@@ -334,3 +337,23 @@ def test_a_malformed_object_is_an_issue_not_a_crash():
     cfg = with_primary(replicas=[{"device": "cpu"}])
     (issue,) = validate(cfg)
     assert issue.path == "" and issue.message.startswith("malformed config object:")
+
+
+@pytest.mark.parametrize(
+    "name", ["*", "sr.internal", "sr-router.svc.cluster.local.", "10.0.0.7", "[fd00::7]", "my_host"]
+)
+def test_allowed_hosts_take_host_names(name):
+    cfg = default_config()
+    cfg.listeners[0].allowed_hosts = [name]
+    assert validate(cfg) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["", " ", "https://sr.internal", "sr.internal:8899", "a b", "sr/x", "-bad.example"]
+)
+def test_allowed_hosts_refuse_what_a_host_header_could_never_match(name):
+    cfg = default_config()
+    cfg.listeners[0].allowed_hosts = ["ok.example", name]
+    (issue,) = messages(cfg)
+    assert issue.startswith("listeners[0].allowed_hosts[1]: expected")
+    assert repr(name) in issue

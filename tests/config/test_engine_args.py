@@ -61,7 +61,9 @@ def test_a_deployments_engine_args_travel_through_worker_argv():
 
 def test_defaults_marked_omit_if_default_stay_out_of_the_argv():
     argv = EngineArgs(artifact="org/m").argv()
-    assert " ".join(argv) == "--artifact org/m --profile exact --max-tokens 256 --overflow reject"
+    # max_tokens unset: the worker takes its folder's own limit (sr.models.limits)
+    assert " ".join(argv) == "--artifact org/m --profile exact --overflow reject"
+    assert "--max-tokens 384" in " ".join(EngineArgs(artifact="org/m", max_tokens=384).argv())
     fields = {f.name for f in attrs.fields(EngineArgs) if f.metadata.get("omit_if_default")}
     assert fields == {"dtype", "kernel"}
 

@@ -182,7 +182,7 @@ def _raw_exchange(port: int, request: bytes, timeout_s: float = 10.0) -> bytes:
 
 
 def test_oversized_request_headers_are_refused(hostile_router):
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
     answer = _raw_exchange(hostile_router.port, request)
     status_line = answer.split(b"\r\n", 1)[0]
     assert status_line.startswith(b"HTTP/1.1 4"), status_line
@@ -190,7 +190,7 @@ def test_oversized_request_headers_are_refused(hostile_router):
 
 def test_bad_content_length_is_400(hostile_router):
     request = (
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer "
         + API_KEY.encode()
         + b"\r\nContent-Length: 99999999999999999999\r\nConnection: close\r\n\r\n{}"
     )

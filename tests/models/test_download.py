@@ -149,8 +149,10 @@ def router(monkeypatch):
     module = types.ModuleType("sr.router.serve")
 
     def run_sr_serve(
-        config, *, config_path, host, port, threads, log_format, access_log, settings=None
-    ):
+        config, *, config_path, host, port, threads, log_format, access_log, settings=None,
+        write_config,
+    ):  # fmt: skip
+        write_config()  # as the router does once its listener is bound
         calls.append(config)
         return 0
 
@@ -574,3 +576,34 @@ def test_sr_serve_download_failure_end_to_end(start_hub, tiny_repo, tmp_path):
         f" not found on {hub.url} (HTTP 404; a private or gated one needs HF_TOKEN with access)\n"
     )
     assert path.read_bytes() == before
+
+
+# ---- (e) a LoRA adapter and its base -----------------------------------------------------
+
+
+def test_an_adapter_and_then_its_base_are_fetched(start_hub, tiny_repo, hub_env, tmp_path):
+    import peft
+
+    from tests.models.test_lora_adapter import write_adapter
+
+    source = tmp_path / "base"
+    for name, content in tiny_repo.commits[NEW].items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(content)
+    lora = peft.LoraConfig(task_type="FEATURE_EXTRACTION", r=2, lora_alpha=4,
+                           target_modules=["query", "value"])  # fmt: skip
+    adapter = write_adapter(source, tmp_path / "adapter", lora, head=False, base_name=REPO)
+    files = read_folder(adapter) | {"README.md": b"# lora\n"}
+    lora_commit = commit_id("tiny-bert-lora")
+    hub = start_hub(
+        {REPO: tiny_repo, "acme/tiny-lora": HubRepo({lora_commit: files}, {"main": lora_commit})}
+    )
+    out = io.StringIO()
+    fetched = download_missing(parse_config(config_text(managed("acme/tiny-lora"))), out=out)
+    assert list(fetched) == ["acme/tiny-lora (revision main)", f"{REPO} (revision main)"]
+    # The adapter's two files (not its README) and the base's files sr reads.
+    assert hub.fetched() == sorted([*SR_FILES, "adapter_config.json", "adapter_model.safetensors"])
+    model = load_model(resolve_artifact("acme/tiny-lora"))
+    assert model.adapter.base_dir == hub_env / "models--acme--tiny-bert" / "snapshots" / NEW
+    assert model.embed(model.tokenize(["fetched twice"])).shape == (1, model.embedding_dim)
+    assert download_missing(parse_config(config_text(managed("acme/tiny-lora"))), out=out) == {}

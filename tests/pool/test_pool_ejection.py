@@ -13,7 +13,7 @@ def on(policy, rec, outcome, now):
 
     rec.inflight += 1
     rec.outstanding_bytes += 1
-    return policy.release(Reservation(rec, 1), outcome, now)
+    return policy.release(Reservation(rec, 1, now), outcome, now)
 
 
 def test_rule1_only_timeouts_count_and_5xx_between_does_not_reset(make_policy):

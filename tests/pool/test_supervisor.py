@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from sr.config.load import dump_config
-from sr.config.schema import Deployment, OutlierDetection, Replica
+from sr.config.schema import DEFAULT_TIMEOUT_MS, Deployment, OutlierDetection, Replica
 from sr.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -89,6 +89,21 @@ async def test_deadline_is_timeout_and_releases_admission(
             0,
             2,
         )
+
+
+async def test_without_timeout_ms_a_hung_forward_times_out_at_the_default(
+    fake_worker, configs, tmp_path, autojump_clock
+):
+    fake_worker.behaviour["mode"] = "hang"
+    cfg = configs.config_with(("d", configs.cpu(1)))  # no timeout_ms
+    async with router(cfg, fake_worker, tmp_path) as core:
+        await core.wait_ready(5)
+        start = trio.current_time()
+        with pytest.raises(DeadlineExceeded):
+            await core.request_raw("d", "/v1/embeddings", b"{}", timeout_s=None)
+        assert trio.current_time() - start == pytest.approx(DEFAULT_TIMEOUT_MS / 1000)
+        row = core.inventory().deployments["d"].replicas[0]
+        assert (row.inflight, row.consecutive_timeouts) == (0, 1)  # counted against it
 
 
 async def test_outer_cancel_is_canceled_and_releases(

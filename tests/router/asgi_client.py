@@ -14,6 +14,11 @@ class Answer:
     status: int
     headers: dict[str, str]
     body: bytes
+    raw_headers: list[tuple[str, str]] = attrs.Factory(list)  # every header, repeats included
+
+    def all(self, name: str) -> list[str]:
+        """Every value of header `name` (lower-case), in order."""
+        return [value for key, value in self.raw_headers if key == name]
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -61,5 +66,6 @@ async def call(
     if not sent:
         return None
     start = sent[0]
-    headers_out = {k.decode(): v.decode() for k, v in start["headers"]}
-    return Answer(start["status"], headers_out, b"".join(m.get("body", b"") for m in sent[1:]))
+    raw = [(k.decode(), v.decode()) for k, v in start["headers"]]
+    body_out = b"".join(m.get("body", b"") for m in sent[1:])
+    return Answer(start["status"], dict(raw), body_out, raw)

@@ -81,6 +81,10 @@ class FakeRouterCore:
         """No replica cards here: `sr_model_info` labels the configured dtype."""
         return None
 
+    def model_card(self, deployment: str) -> dict | None:
+        """No replica cards here."""
+        return None
+
     def inventory(self) -> Inventory:
         deployments = {}
         for name, deployment in self.config.deployments.items():

@@ -210,14 +210,24 @@ async def test_deadline_header_becomes_timeout_s():
     assert core.calls[0][3] == pytest.approx(0.25)
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "1.5", "soon", ""])
+@pytest.mark.parametrize(
+    "value", ["0", "-5", "1.5", "soon", "", "3600001", "9" * 400, "1" * 5000, "0" * 20 + "5"]
+)
 async def test_bad_deadline_header_is_400(value):
     app, core = build()
     headers = {"x-request-timeout-ms": value}
     answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "a"}, headers)
     assert answer.status == 400
     assert "X-Request-Timeout-Ms" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["param"] == "X-Request-Timeout-Ms"
     assert core.calls == []
+
+
+async def test_the_longest_deadline_header_taken_is_an_hour():
+    app, core = build()
+    headers = {"x-request-timeout-ms": "3600000"}
+    answer = await call(app, "POST", "/v1/embeddings", {"model": "primary", "input": "a"}, headers)
+    assert answer.status == 200 and core.calls[0][3] == 3600.0
 
 
 async def test_unknown_route_404_and_wrong_method_405():

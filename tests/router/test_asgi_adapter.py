@@ -27,7 +27,7 @@ async def served(app, grace_s: float = 5.0):
 
 
 def post(path: str, body: bytes, *extra: bytes) -> bytes:
-    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: localhost\r\n"
     head += b"Content-Length: " + str(len(body)).encode() + b"\r\n"
     return head + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body
 
@@ -104,7 +104,7 @@ async def test_caller_hanging_up_mid_dispatch_is_canceled():
             assert CANCELED_LINE in app.metrics.render().decode()
             # The server carries on for the next caller.
             other = await connect(port)
-            await other.stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await other.stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert (await other.answer(b"GET"))[0] == 200
             await other.stream.aclose()
 
@@ -148,7 +148,10 @@ async def test_body_caps_answer_413_and_close():
             assert status == 413
             assert json.loads(body)["error"]["code"] == "request_too_large"
             chunked = await connect(port)
-            head = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            head = (
+                b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
             piece = b"40\r\n" + b"x" * 64 + b"\r\n"
             await chunked.stream.send_all(head + piece + piece)
             status, headers, _ = await chunked.answer()
@@ -172,7 +175,7 @@ async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
     with trio.fail_after(5):
         async with served(app) as (port, stop):
             client = await connect(port)
-            await client.stream.send_all(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await client.stream.send_all(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             status, headers, body = await client.answer(b"HEAD")
             assert (status, body) == (200, b"")
             assert headers[b"content-length"] == b"15"  # as for GET: {"status":"ok"}
@@ -200,7 +203,7 @@ async def test_get_routes_keep_the_connection_and_http_1_0_closes_it():
         async with served(app) as (port, _):
             client = await connect(port)
             for _ in range(2):  # the app never reads a GET's (empty) body
-                await client.stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                await client.stream.send_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 status, headers, _ = await client.answer(b"GET")
                 assert status == 200 and b"connection" not in headers
             old = await trio.open_tcp_stream("127.0.0.1", port)

@@ -115,7 +115,13 @@ def parse_answers(received: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]
 
 def chunked(side: str, body_lines: bytes, extra: bytes = b"") -> bytes:
     return (
-        b"POST " + target(side) + b" HTTP/1.1\r\nHost: x\r\n" + KEY + extra + b"\r\n" + body_lines
+        b"POST "
+        + target(side)
+        + b" HTTP/1.1\r\nHost: localhost\r\n"
+        + KEY
+        + extra
+        + b"\r\n"
+        + body_lines
     )
 
 
@@ -143,16 +149,16 @@ async def test_transfer_encoding_on_http_1_0_is_refused(side):
 
 # -- versions: 505 (item 5) ---------------------------------------------------------------
 VERSIONS = {
-    "HTTP/2.0": b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n",
+    "HTTP/2.0": b"GET /health HTTP/2.0\r\nHost: localhost\r\n\r\n",
     "HTTP/0.9 style": b"GET /health\r\n\r\n",
-    "HTTP/1.2": b"GET /health HTTP/1.2\r\nHost: x\r\n\r\n",
-    "HTTP/3.0": b"GET /health HTTP/3.0\r\nHost: x\r\n\r\n",
+    "HTTP/1.2": b"GET /health HTTP/1.2\r\nHost: localhost\r\n\r\n",
+    "HTTP/3.0": b"GET /health HTTP/3.0\r\nHost: localhost\r\n\r\n",
 }
 
 
 def _refused(side: str) -> dict[str, tuple[bytes, int, str]]:
     """Every malformed framing and unsupported version: (request, status, code)."""
-    head = b"POST " + target(side) + b" HTTP/1.1\r\nHost: x\r\n" + KEY
+    head = b"POST " + target(side) + b" HTTP/1.1\r\nHost: localhost\r\n" + KEY
     rows = {name: (head + framing, 400, "invalid_request") for name, framing in FRAMING.items()}
     for name, raw in VERSIONS.items():
         rows[name] = (raw, 505, "http_version_not_supported")
@@ -176,6 +182,8 @@ REPEATS = {
     "Authorization": KEY + b"Authorization: Bearer other\r\n",
     "Host": KEY + b"Host: y\r\n",
     "X-Request-Timeout-Ms": KEY + b"X-Request-Timeout-Ms: 100\r\nX-Request-Timeout-Ms: 9\r\n",
+    "X-Request-Id": KEY + b"X-Request-Id: first\r\nX-Request-Id: second\r\n",
+    "Origin": KEY + b"Origin: http://127.0.0.1\r\nOrigin: https://attacker.example\r\n",
 }
 
 
@@ -183,7 +191,7 @@ REPEATS = {
 @pytest.mark.parametrize("extra", REPEATS.values(), ids=REPEATS.keys())
 async def test_a_repeated_single_valued_header_is_answered_400(side, extra):
     async with served(side) as (port, _, worker):
-        raw = b"POST " + target(side) + b" HTTP/1.1\r\nHost: x\r\n" + extra
+        raw = b"POST " + target(side) + b" HTTP/1.1\r\nHost: localhost\r\n" + extra
         answers, _ = await exchange(port, raw + b"Content-Length: 0\r\n\r\n")
     assert [a[0] for a in answers] == [400]
     assert b"more than one" in answers[0][2]
@@ -193,7 +201,7 @@ async def test_a_repeated_single_valued_header_is_answered_400(side, extra):
 # -- trailers never become headers (item 1) -----------------------------------------------
 async def test_a_trailing_authorization_does_not_authenticate():
     async with served("router") as (port, _, _):
-        raw = b"POST /api/v1/reload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        raw = b"POST /api/v1/reload HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
         raw += b"Transfer-Encoding: chunked\r\n\r\n"
         raw += b"0\r\nAuthorization: Bearer k1\r\n\r\n"
         answers, _ = await exchange(port, raw)
@@ -217,10 +225,12 @@ async def test_trailers_are_read_and_dropped_and_the_connection_carries_on():
         await send({"type": "http.response.body", "body": body})
 
     async with _serve_app(app) as (port, _, _):
-        one = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        one = b"POST /a HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
         one += b"3\r\nabc\r\n0\r\nAuthorization: Bearer k1\r\nX-Injected: 1\r\n\r\n"
         answers, _ = await exchange(
-            port, one + b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout_s=3
+            port,
+            one + b"GET /b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            timeout_s=3,
         )
     assert [(a[0], a[2]) for a in answers[:2]] == [(200, b"abc"), (200, b"")]
     names = {name for headers in seen for name, _ in headers}
@@ -265,7 +275,7 @@ async def test_trickled_trailers_are_cut_at_the_head_cap(side):
 async def test_an_absolute_form_target_is_served_by_its_path(side):
     async with served(side) as (port, _, worker):
         url = b"http://x" + target(side) + b"?q=1"
-        raw = b"POST " + url + b" HTTP/1.1\r\nHost: x\r\n" + KEY
+        raw = b"POST " + url + b" HTTP/1.1\r\nHost: localhost\r\n" + KEY
         raw += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(EMBED) + EMBED
         answers, _ = await exchange(port, raw)
     assert [a[0] for a in answers] == [200]
@@ -276,7 +286,7 @@ async def test_an_absolute_form_target_is_served_by_its_path(side):
 @pytest.mark.parametrize("side", SIDES)
 async def test_an_asterisk_target_is_400(side):
     async with served(side) as (port, _, _):
-        answers, _ = await exchange(port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers, _ = await exchange(port, b"OPTIONS * HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert [a[0] for a in answers] == [400]
 
 
@@ -294,10 +304,10 @@ async def test_an_asterisk_target_is_400(side):
 async def test_answers_are_framed_by_status_and_method(method, status, length, body):
     async with served("worker") as (port, _, _):
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        raw = method + b" /status/%d HTTP/1.1\r\nHost: x\r\n\r\n" % status
+        raw = method + b" /status/%d HTTP/1.1\r\nHost: localhost\r\n\r\n" % status
         # and a second request behind it: a body where none belongs would be read as the
         # start of the next answer.
-        await stream.send_all(raw + b"GET /status/200 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await stream.send_all(raw + b"GET /status/200 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         received = b""
         with trio.fail_after(5):
             while received.count(b"HTTP/1.1") < 2 or not received.endswith(b"body"):
@@ -317,14 +327,14 @@ async def test_answers_are_framed_by_status_and_method(method, status, length, b
 async def test_a_half_close_is_a_hang_up_on_both_sides(side):
     if side == "worker":
         cm = served("worker")
-        raw = b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        raw = b"POST /slow HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
     else:
         from .test_app import stalling
 
         handler, started, cancelled = stalling()
         app, _ = build(api_keys=["k1"], handler=handler)
         cm = _serve_app(app)
-        raw = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n" + KEY
+        raw = b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\n" + KEY
         raw += b"Content-Length: %d\r\n\r\n" % len(EMBED) + EMBED
     async with cm as (port, _, worker):
         answers, closed = await exchange(port, raw, half_close=True, timeout_s=3)
@@ -372,7 +382,7 @@ async def test_a_caller_that_never_reads_is_reset_after_the_write_timeout():
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", port))
-        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")  # more than both buffers hold
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n")  # more than both buffers hold
         with trio.fail_after(5):
             while not server.open_connections():
                 await trio.sleep(0.01)
@@ -392,29 +402,50 @@ async def test_at_the_connection_cap_the_longest_idle_connection_makes_room():
         streams = []
         for _ in range(3):  # three kept-alive connections, idle after one request each
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"GET /echo HTTP/1.1\r\nHost: localhost\r\n\r\n")
             await stream.receive_some(65536)
             streams.append(stream)
             await trio.sleep(0.01)
         answers, _ = await exchange(
-            port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            port, b"GET /echo HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
         )
         assert [a[0] for a in answers] == [200]
         with trio.fail_after(2):
             assert await streams[0].receive_some(100) == b""  # the oldest was closed
-        await streams[1].send_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        await streams[1].send_all(b"GET /echo HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert (await streams[1].receive_some(65536)).startswith(b"HTTP/1.1 200")
 
 
-async def test_at_the_connection_cap_with_none_idle_a_newcomer_gets_503():
-    async with served("worker", max_connections=2) as (port, server, _):
-        busy = []
-        for _ in range(2):  # two connections in the middle of a head: not idle
+async def test_at_the_connection_cap_begun_heads_make_room_for_a_newcomer():
+    async with served("worker", max_connections=2) as (port, _, _):
+        begun = []
+        for _ in range(2):  # two connections in the middle of a head: waiting for their caller
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(b"GET /echo HTTP/1.1\r\nHo")
-            busy.append(stream)
+            begun.append(stream)
+            await trio.sleep(0.01)
         await trio.sleep(0.05)
-        answers, closed = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers, _ = await exchange(
+            port, b"GET /echo HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        assert [a[0] for a in answers] == [200]
+        with trio.fail_after(2):  # the one waiting longest was answered 503 and closed
+            received = b""
+            while data := await begun[0].receive_some(65536):
+                received += data
+        assert received.startswith(b"HTTP/1.1 503")
+
+
+async def test_at_the_connection_cap_with_every_connection_served_a_newcomer_gets_503():
+    async with served("worker", max_connections=2) as (port, server, worker):
+        busy = []
+        for _ in range(2):  # two requests being handled: never cut for a newcomer
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /slow HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            busy.append(stream)
+        await trio.sleep(0.1)
+        answers, closed = await exchange(port, b"GET /echo HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert [a[0] for a in answers] == [503] and closed
         assert answers[0][1][b"retry-after"] == b"1"
         assert server.open_connections() == 2
+        assert [c[1] for c in worker.calls] == ["/slow", "/slow"]

@@ -375,3 +375,16 @@ async def test_serve_shows_each_replica_state_once_across_stdout_and_the_log(log
         ("primary-1", "loading"),
         ("primary-1", "ready"),
     ]
+
+
+def test_text_lines_escape_the_control_characters_a_caller_sends(log_to):
+    text = log_to("text")
+    _access(AccessLog(enabled=True), route="/x\rFORGED 200 1ms\n\x1b[31mred\x85")
+    lines = text.getvalue().splitlines()
+    assert len(lines) == 1
+    assert "/x\\x0dFORGED 200 1ms\\x0a\\x1b[31mred\\x85 200" in lines[0]
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in lines[0])
+    # JSON lines already escape them, as JSON does
+    stream = log_to("json")
+    _access(AccessLog(enabled=True), route="/x\r\x1b")
+    assert json.loads(stream.getvalue())["route"] == "/x\r\x1b"

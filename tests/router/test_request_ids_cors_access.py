@@ -80,24 +80,26 @@ async def test_a_workers_error_passes_through_with_its_request_id():
     assert answer.status == 400 and answer.headers["x-request-id"] == "r-9"
 
 
-async def test_cors_is_off_unless_origins_are_listed():
-    app, _ = build(api_keys=["k"])
-    preflight = await call(
-        app, "OPTIONS", "/v1/embeddings", headers=_preflight_headers(ORIGIN)
-    )  # an OPTIONS without CORS is just an unauthenticated request
-    assert preflight.status == 401
+async def test_cors_is_off_unless_origins_are_listed_and_then_no_foreign_origin_is_served():
+    app, core = build(api_keys=["k"])
+    preflight = await call(app, "OPTIONS", "/v1/embeddings", headers=_preflight_headers(ORIGIN))
+    assert preflight.status == 403 and ORIGIN in preflight.json()["error"]["message"]
     answer = await call(app, "GET", "/health", headers={"Origin": ORIGIN})
-    assert "access-control-allow-origin" not in answer.headers
+    assert answer.status == 403 and "access-control-allow-origin" not in answer.headers
+    headers = {"Origin": ORIGIN, "Authorization": "Bearer k"}
+    embed = await call(app, "POST", "/v1/embeddings", EMBED, headers=headers)
+    assert embed.status == 403 and core.calls == []
 
 
 async def test_a_preflight_is_answered_before_the_api_key_check():
     app, core = build(api_keys=["k"], origins=[ORIGIN])
     answer = await call(app, "OPTIONS", "/v1/embeddings", headers=_preflight_headers(ORIGIN))
     assert answer.status == 204 and answer.body == b""
-    assert answer.headers["access-control-allow-origin"] == ORIGIN
-    assert answer.headers["access-control-allow-methods"] == "GET, POST, OPTIONS"
-    assert answer.headers["access-control-allow-headers"] == "authorization, content-type"
-    assert answer.headers["vary"] == "Origin"
+    # exactly one of each: browsers refuse an Access-Control-Allow-Origin with two values
+    assert answer.all("access-control-allow-origin") == [ORIGIN]
+    assert answer.all("vary") == ["Origin"]
+    assert answer.all("access-control-allow-methods") == ["GET, POST, OPTIONS"]
+    assert answer.all("access-control-allow-headers") == ["authorization, content-type"]
     assert core.calls == []
 
 
@@ -121,10 +123,11 @@ async def test_answers_to_an_allowed_origin_say_so_and_expose_sr_headers():
     refused = await call(app, "POST", "/v1/embeddings", EMBED, headers={"Origin": ORIGIN})
     assert refused.status == 401  # a browser reads the refusal too
     assert refused.headers["access-control-allow-origin"] == ORIGIN
+    assert answer.all("access-control-allow-origin") == [ORIGIN]
     other = await call(
         app, "POST", "/v1/embeddings", EMBED, headers={**headers, "Origin": "https://b.example"}
     )
-    assert other.status == 200 and "access-control-allow-origin" not in other.headers
+    assert other.status == 403 and "access-control-allow-origin" not in other.headers
 
 
 async def test_a_reload_adopts_new_origins():

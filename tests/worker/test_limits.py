@@ -13,7 +13,7 @@ def test_cpu_worker_uses_the_documented_defaults():
         CPU_MAX_NUM_BATCHED_TOKENS,
         "cpu_default",
     )
-    assert limits.max_input_tokens == 64  # max_tokens 256 capped at the model's positions
+    assert limits.max_input_tokens == 64  # no --max-tokens: the model's 64 positions
 
 
 def test_configured_caps_win_everywhere():
@@ -47,10 +47,31 @@ def test_gpu_worker_calibrates_from_free_memory():
         ({"threads": 0}, "--threads"),
         ({"profile": "fast"}, "--profile"),
         ({"overflow": "drop"}, "--overflow"),
-        ({"max_num_batched_tokens": 100}, "--max-num-batched-tokens"),
+        ({"max_num_batched_tokens": 100, "max_tokens": 256}, "--max-num-batched-tokens"),
         ({"device": "tpu:0"}, "--device"),
     ],
 )
 def test_bad_options_name_the_flag(kwargs, flag):
     with pytest.raises(UsageError, match=flag):
         WorkerOptions(artifact="a", **kwargs).validate()
+
+
+def test_the_input_cap_is_max_tokens_else_the_folders_own():
+    model = FakeModel()
+    assert resolve_limits(WorkerOptions(artifact="a", max_tokens=32), model).max_input_tokens == 32
+    model.max_seq_length = 48  # sentence_bert_config.json's
+    assert resolve_limits(WorkerOptions(artifact="a"), model).max_input_tokens == 48
+    model.max_seq_length = 500  # beyond the positions: they bound it
+    assert resolve_limits(WorkerOptions(artifact="a"), model).max_input_tokens == 64
+
+
+def test_a_cap_the_model_cannot_take_is_refused_naming_both_numbers():
+    with pytest.raises(UsageError) as refused:
+        resolve_limits(WorkerOptions(artifact="a", max_tokens=256), FakeModel())
+    assert str(refused.value) == (
+        "--max-tokens 256 is above what the model takes (64 tokens, from its "
+        "max_position_embeddings)"
+    )
+    opts = WorkerOptions(artifact="a", max_num_seqs=2, max_num_batched_tokens=32)
+    with pytest.raises(UsageError, match=r"^--max-num-batched-tokens: must be >= the input cap"):
+        resolve_limits(opts, FakeModel())
