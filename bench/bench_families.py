@@ -1,12 +1,12 @@
 """sr's engine against transformers, per model family, in process, at one thread.
 
-    python -m bench.bench_families [--families bert mpnet ...] [--runs 40] [--batch-runs 5]
-        [--layers N] [--device cpu|cuda:0] [--dtype float32|bfloat16|float16]
-        [--reference transformers|sentence-transformers] [--models-dir DIR] [--profile]
-        [--out NAME]
+    python -m bench.bench_families [--families bert mpnet ...] [--head embed|token]
+        [--runs 40] [--batch-runs 5] [--layers N] [--device cpu|cuda:0]
+        [--dtype float32|bfloat16|float16] [--reference transformers|sentence-transformers]
+        [--models-dir DIR] [--profile] [--out NAME]
 
-For each family sr serves (bert, xlm-roberta, mpnet, deberta-v2, modernbert, qwen3,
-gemma3_text) a random model of a real checkpoint's widths and head counts, fewer layers
+For each family sr serves (bert, xlm-roberta, mpnet, distilbert, deberta-v2, modernbert,
+qwen3, gemma3_text) a random model of a real checkpoint's widths and head counts, fewer layers
 (bench/family_models.py), is written with transformers' `save_pretrained` and loaded
 twice: by sr (`load_model`, then
 `embed(ids)`: packed rows, no padding) and by transformers (`AutoModel`, eval,
@@ -25,6 +25,14 @@ long, >= 1.0x its throughput on batch32, read on the ratio of the medians; `pair
 median of the run-by-run ratios (steadier on a busy host). Each case also reports the max
 abs diff between the two pooled outputs (the same math: under 1e-6 at float32).
 
+`--head token` benchmarks the token-classification heads instead, for the families whose sr
+model serves one (bert, xlm-roberta, mpnet, distilbert, deberta-v2, modernbert): the folder
+holds transformers' `AutoModelForTokenClassification` (9 labels), sr runs
+`token_logits(ids)` (packed rows: one row of logits per token) and the reference is
+`AutoModelForTokenClassification`'s forward `.logits` on the same ids (padded as above, with
+the attention mask), its padding positions dropped; the max abs diff is over every real
+token's logits. Same cases, timing and targets; writes bench/results/families-token.json.
+
 `--reference sentence-transformers` times `SentenceTransformer.encode(texts)` instead
 (tokenization included on both sides: sr then runs `embed(tokenize(texts))`). Without it,
 when sentence-transformers is installed, its `encode` is still run once per family to
@@ -32,7 +40,8 @@ check that the reference pooling above is its math (`st_vs_reference` in the JSO
 `--profile` prints torch profiler tables (top ops by self CPU time) of both sides per case.
 `--device cuda:0 --dtype bfloat16` is what bench/gpu_check.sh runs on a GPU host (a dtype
 other than float32 needs `sr.models.load_model(..., dtype=...)`).
-Prints a table; writes bench/results/families.json (or --out NAME).
+Prints a table; writes bench/results/families.json (families-token.json with --head token;
+or --out NAME).
 """
 
 from __future__ import annotations
@@ -48,17 +57,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from bench.family_models import (
+    EMBED,
     FAMILIES,
+    TOKEN,
     FamilySpec,
     cached_family,
     dense_weights,
     quiet_transformers,
+    token_head_families,
 )
 from bench.harness import ROOT, print_table, write_result
 
@@ -67,6 +80,23 @@ THROUGHPUT_TARGET = 1.0  # sr texts/s / reference texts/s, at least
 BATCH = 32
 LONG_TOKENS = 120
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a run benchmarks: the transformers class the reference loads, and the method
+    both sides (sr's EncoderModel and `Reference`) run on a batch of token ids."""
+
+    name: str
+    auto_class: str  # transformers.<auto_class>.from_pretrained(folder)
+    method: str  # model.<method>(ids) and reference.<method>(ids)
+    out: str  # default results file name
+
+
+HEADS = {
+    EMBED: Head(EMBED, "AutoModel", "embed", "families"),
+    TOKEN: Head(TOKEN, "AutoModelForTokenClassification", "token_logits", "families-token"),
+}
 
 SHORT_TEXT = "What is the capital of France?"
 # Prose to cut texts from (the long text and the batch's texts are runs of its words).
@@ -143,12 +173,15 @@ def load_sr(folder: Path, device: str, dtype: str):
 
 
 class Reference:
-    """transformers' AutoModel forward on padded rows + sentence-transformers' pooling."""
+    """transformers on padded rows: AutoModel's forward + sentence-transformers' pooling
+    (`embed`), or AutoModelForTokenClassification's logits of the real tokens
+    (`token_logits`), whichever `head` names."""
 
-    def __init__(self, folder: Path, spec: FamilySpec, device: str, dtype: str):
+    def __init__(self, folder: Path, spec: FamilySpec, device: str, dtype: str, head: Head):
         import transformers
 
-        model = transformers.AutoModel.from_pretrained(folder, dtype=DTYPES[dtype])
+        auto = getattr(transformers, head.auto_class)
+        model = auto.from_pretrained(folder, dtype=DTYPES[dtype])
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.spec = spec
@@ -186,6 +219,13 @@ class Reference:
             if self.spec.normalize:
                 pooled = F.normalize(pooled, p=2.0, dim=1)
             return pooled.float().cpu()
+
+    def token_logits(self, batch: list[list[int]]) -> torch.Tensor:
+        """[T, labels]: every real token's logits, row after row (sr's packed order)."""
+        ids, mask = self._pad(batch)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            return logits[mask.bool()].float().cpu()
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # sentence_transformers.models.Pooling's formulas.
@@ -252,21 +292,25 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def bench_family(name: str, args, workdir: Path) -> dict:
     spec = FAMILIES[name]
+    head = HEADS[args.head]
     started = time.perf_counter()
-    folder = cached_family(name, workdir, layers=args.layers)
+    folder = cached_family(name, workdir, layers=args.layers, head=head.name)
     built_s = time.perf_counter() - started
     model = load_sr(folder, args.device, args.dtype)
+    if head.name == TOKEN and model.head_task != TOKEN:
+        raise SystemExit(f"{name}: sr loaded {folder} with head {model.head_task!r}, not token")
     use_st = args.reference == "sentence-transformers"
-    reference = None if use_st else Reference(folder, spec, args.device, args.dtype)
+    reference = None if use_st else Reference(folder, spec, args.device, args.dtype, head)
     st = None
-    if use_st or (args.st_check and _have_st()):
+    if use_st or (args.st_check and head.name == EMBED and _have_st()):
         st = load_st(folder, args.device, args.dtype)
 
     texts = make_texts(model.tokenizer)
     result: dict = {
         "family": name,
+        "head": head.name,
         "like": spec.like,
-        "config": spec.describe(args.layers),
+        "config": spec.describe(args.layers, head.name),
         "layers": args.layers or spec.layers,
         "build_s": round(built_s, 1),
         "reference_attn_implementation": reference.attn_implementation if reference else None,
@@ -274,6 +318,9 @@ def bench_family(name: str, args, workdir: Path) -> dict:
     }
     print(f"\n== {name}: {result['config']}", flush=True)
 
+    # The method timed on each side: embed, or token_logits with --head token.
+    sr_run = getattr(model, head.method)
+    reference_run = getattr(reference, head.method) if reference else None
     for case, case_texts in texts.items():
         ids = model.tokenize(case_texts)
         if use_st:
@@ -286,10 +333,10 @@ def bench_family(name: str, args, workdir: Path) -> dict:
         else:
 
             def ours(b=ids):
-                return model.embed(b)
+                return sr_run(b)
 
             def theirs(b=ids):
-                return reference.embed(b)
+                return reference_run(b)
 
         diff = _max_diff(ours(), theirs())
         runs = args.batch_runs if case == "batch32" else args.runs
@@ -388,7 +435,20 @@ def _sr_tree_state() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=list(FAMILIES),
+        default=None,
+        help="default: all (with --head token: those whose sr model serves a token head)",
+    )
+    parser.add_argument(
+        "--head",
+        choices=list(HEADS),
+        default=EMBED,
+        help="embed (default: the bare model's pooled embeddings) or token (the "
+        "token-classification head's per-token logits)",
+    )
     parser.add_argument("--runs", type=int, default=40, help="timed runs of short and long")
     parser.add_argument("--batch-runs", type=int, default=5, help="timed runs of batch32")
     parser.add_argument("--layers", type=int, default=None, help="default: each family's own")
@@ -411,8 +471,25 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the built models here and reuse them on later runs (default: a temp dir)",
     )
     parser.add_argument("--profile", action="store_true", help="print torch profiler tables")
-    parser.add_argument("--out", default="families", help="bench/results/<OUT>.json")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="bench/results/<OUT>.json (default: families, or families-token with --head token)",
+    )
     args = parser.parse_args(argv)
+    head = HEADS[args.head]
+    args.out = args.out or head.out
+    if args.families is None:
+        args.families = token_head_families() if head.name == TOKEN else list(FAMILIES)
+    elif head.name == TOKEN:
+        without = [n for n in args.families if n not in token_head_families()]
+        if without:
+            parser.error(
+                f"--head token: sr serves no token-classification head for {', '.join(without)} "
+                f"(families with one: {', '.join(token_head_families())})"
+            )
+    if head.name == TOKEN and args.reference == "sentence-transformers":
+        parser.error("--head token: sentence-transformers has no token head; use the default")
     if args.device != "cpu" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no GPU here")
     if args.reference == "sentence-transformers" and not _have_st():
@@ -453,10 +530,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(
-        f"device {args.device}, {args.dtype}, {args.threads} thread(s), reference "
-        f"{args.reference}; ratio = sr/reference of the medians (ms: lower is better for sr; "
-        "texts/s: higher is better); paired = median of the run-by-run ratios; the target "
-        "verdict reads the ratio"
+        f"device {args.device}, {args.dtype}, {args.threads} thread(s), head {args.head}, "
+        f"reference {args.reference}; ratio = sr/reference of the medians (ms: lower is "
+        "better for sr; texts/s: higher is better); paired = median of the run-by-run "
+        "ratios; the target verdict reads the ratio"
     )
     header = (
         "family",
@@ -477,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": args.device,
             "dtype": args.dtype,
             "threads": args.threads,
+            "head": args.head,
             "reference": args.reference,
             "targets": {
                 "latency_ratio_max": LATENCY_TARGET,

@@ -3,6 +3,7 @@
     from bench.family_models import FAMILIES, build_family
     folder = build_family("modernbert", Path("/tmp/mb"))          # save_pretrained + tokenizer
     folder = build_family("qwen3", Path("/tmp/q3"), layers=1)     # fewer layers
+    folder = build_family("bert", Path("/tmp/ner"), head="token")  # a token-classification head
 
 Each family copies the widths, head counts and options of a well-known checkpoint (named in
 `FamilySpec.like`) with fewer layers, so a CPU benchmark of all of them stays short. The
@@ -14,8 +15,16 @@ original (Transformer -> Pooling -> [Dense ...] -> Normalize, with its pooling m
 Dense modules, EmbeddingGemma's, get seeded random weights), so sr, transformers and
 sentence-transformers all load the same folder.
 
+`head="token"` writes the family's token-classification model instead
+(`AutoModelForTokenClassification.from_config`: the backbone plus its `*ForTokenClassification`
+head, 9 labels, CoNLL-2003's B-/I- tags and O, in config.json's id2label), with the tokenizer
+but no sentence-transformers module files, as a published NER checkpoint is; only for the
+families whose sr model serves a token head (`token_head_families()`, read from sr's
+`architectures`).
+
 Used by bench/bench_families.py and bench/gpu_check.sh (`python -m bench.family_models
-NAME ROOT` writes ROOT/<name>-L<layers>-s<seed>, or reuses it, and prints its path).
+NAME ROOT [--head token]` writes ROOT/<name>-L<layers>-s<seed> (ROOT/<name>-token-L<layers>-s<seed>
+for a token head), or reuses it, and prints its path).
 transformers is a test/bench dependency only.
 """
 
@@ -40,6 +49,26 @@ TOKENIZER_FILES = (
 TOKENIZER_VOCAB = 30522
 MAX_SEQ_LENGTH = 512  # sentence_bert_config.json; the benchmark's texts stay far below
 
+EMBED, TOKEN = "embed", "token"
+HEADS = (EMBED, TOKEN)
+# The token head's labels, in output order (CoNLL-2003's tag set).
+TOKEN_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+# transformers' own names for the geometry in configs that do not say hidden_size etc.
+# (DistilBERT: `dim`, `n_heads`, `hidden_dim`).
+_CONFIG_ALIASES = {
+    "hidden_size": ("dim",),
+    "num_attention_heads": ("n_heads",),
+    "intermediate_size": ("hidden_dim",),
+}
+
+
+def config_value(config: dict, key: str):
+    """config[key], or its value under the family's own name for it (`_CONFIG_ALIASES`)."""
+    for name in (key, *_CONFIG_ALIASES.get(key, ())):
+        if name in config:
+            return config[name]
+    raise KeyError(key)
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -59,16 +88,21 @@ class FamilySpec:
     def model_type(self) -> str:
         return self.name
 
-    def describe(self, layers: int | None = None) -> str:
+    def describe(self, layers: int | None = None, head: str = EMBED) -> str:
         c = self.config
         kv = f", {c['num_key_value_heads']} kv heads" if "num_key_value_heads" in c else ""
         dim = f", head_dim {c['head_dim']}" if "head_dim" in c else ""
-        dense = "".join(f" + dense {n_in}->{n_out}" for n_in, n_out in self.dense)
+        if head == TOKEN:
+            output = f"token-classification head ({len(TOKEN_LABELS)} labels)"
+        else:
+            dense = "".join(f" + dense {n_in}->{n_out}" for n_in, n_out in self.dense)
+            output = f"{self.pooling} pooling{dense}{' + normalize' if self.normalize else ''}"
         return (
-            f"{self.like}-like: hidden {c['hidden_size']}, {c['num_attention_heads']} heads"
-            f"{kv}{dim}, intermediate {c['intermediate_size']}, "
+            f"{self.like}-like: hidden {config_value(c, 'hidden_size')}, "
+            f"{config_value(c, 'num_attention_heads')} heads{kv}{dim}, "
+            f"intermediate {config_value(c, 'intermediate_size')}, "
             f"{layers or self.layers} of {self.real_layers} layers, vocab {c['vocab_size']}, "
-            f"{self.pooling} pooling{dense}{' + normalize' if self.normalize else ''}"
+            f"{output}"
         )
 
 
@@ -130,6 +164,25 @@ FAMILIES: dict[str, FamilySpec] = {
                 pad_token_id=1,
                 bos_token_id=0,
                 eos_token_id=2,
+            ),
+        ),
+        FamilySpec(
+            "distilbert",
+            like="distilbert-base-uncased",
+            real_layers=6,
+            layers=6,
+            # DistilBertConfig's own names (`dim`, `n_heads`, `hidden_dim`; `n_layers` comes
+            # from build_config's num_hidden_layers through its attribute_map). Its LayerNorm
+            # eps is fixed at 1e-12 in transformers' modeling file, not a config key.
+            config=dict(
+                vocab_size=30522,
+                dim=768,
+                n_heads=12,
+                hidden_dim=3072,
+                max_position_embeddings=512,
+                sinusoidal_pos_embds=False,
+                activation="gelu",
+                pad_token_id=0,
             ),
         ),
         FamilySpec(
@@ -315,14 +368,44 @@ def _tokenizer_files(folder: Path, spec: FamilySpec) -> None:
     config_file.write_text(json.dumps(config, indent=2))
 
 
-def build_config(name: str, *, layers: int | None = None):
-    """The transformers config of family `name` (`layers` overrides the default depth)."""
+def build_config(name: str, *, layers: int | None = None, head: str = EMBED):
+    """The transformers config of family `name` (`layers` overrides the default depth; a
+    token head adds its labels)."""
     import transformers
 
     spec = FAMILIES[name]
+    labels = {}
+    if head == TOKEN:
+        labels = dict(
+            id2label=dict(enumerate(TOKEN_LABELS)),
+            label2id={label: i for i, label in enumerate(TOKEN_LABELS)},
+        )
     return transformers.AutoConfig.for_model(
-        spec.model_type, num_hidden_layers=layers or spec.layers, **spec.config
+        spec.model_type, num_hidden_layers=layers or spec.layers, **spec.config, **labels
     )
+
+
+def token_head_families() -> list[str]:
+    """The families whose sr model serves a `*ForTokenClassification` head (the classes
+    each lists in its `architectures`), in FAMILIES' order."""
+    from sr.models.families import family_for
+    from sr.models.heads import TOKEN as SR_TOKEN
+
+    return [
+        name
+        for name, spec in FAMILIES.items()
+        if SR_TOKEN in (getattr(family_for(spec.model_type), "architectures", None) or {}).values()
+    ]
+
+
+def _check_head(name: str, head: str) -> None:
+    if head not in HEADS:
+        raise ValueError(f"head {head!r}: one of {', '.join(HEADS)}")
+    if head == TOKEN and name not in token_head_families():
+        raise ValueError(
+            f"{name}: sr serves no token-classification head for it "
+            f"(families with one: {', '.join(token_head_families())})"
+        )
 
 
 def quiet_transformers() -> None:
@@ -333,36 +416,67 @@ def quiet_transformers() -> None:
     transformers.utils.logging.set_verbosity_error()
 
 
-def build_family(name: str, folder: Path, *, layers: int | None = None, seed: int = 0) -> Path:
+def build_family(
+    name: str, folder: Path, *, layers: int | None = None, seed: int = 0, head: str = EMBED
+) -> Path:
     """Write family `name`'s random model (transformers' own init, seeded) into `folder`
-    with `save_pretrained`, a tokenizer and the sentence-transformers module files."""
+    with `save_pretrained` and a tokenizer: the bare model and the sentence-transformers
+    module files (head "embed"), or the model with its token-classification head (head
+    "token")."""
     import transformers
 
+    _check_head(name, head)
     spec = FAMILIES[name]
-    config = build_config(name, layers=layers)
+    config = build_config(name, layers=layers, head=head)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = transformers.AutoModel.from_config(config)
+    auto = transformers.AutoModelForTokenClassification if head == TOKEN else transformers.AutoModel
+    model = auto.from_config(config)
     model.save_pretrained(folder, safe_serialization=True)
     _tokenizer_files(folder, spec)
-    _module_files(folder, spec, int(config.hidden_size), seed)
+    if head == EMBED:
+        _module_files(folder, spec, int(config.hidden_size), seed)
     return folder
 
 
-def cached_family(name: str, root: Path, *, layers: int | None = None, seed: int = 0) -> Path:
-    """`root/<name>-L<layers>-s<seed>`, built by `build_family` unless a previous run left a
-    complete one there (reruns, and sr serve and the benchmark, share one folder)."""
+def family_folder_name(name: str, depth: int, seed: int, head: str = EMBED) -> str:
+    """`<name>-L<depth>-s<seed>`; `<name>-token-L<depth>-s<seed>` for a token head."""
+    kind = "" if head == EMBED else f"-{head}"
+    return f"{name}{kind}-L{depth}-s{seed}"
+
+
+def _complete(folder: Path, head: str) -> bool:
+    """A finished build of `head`: its files there, and config.json naming a token
+    classifier exactly when the head is "token" (never one head's folder for the other)."""
+    files = ("config.json", "model.safetensors") + (("modules.json",) if head == EMBED else ())
+    if not all((folder / f).is_file() for f in files):
+        return False
+    try:
+        names = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    token = any(str(n).endswith("ForTokenClassification") for n in names)
+    return token == (head == TOKEN)
+
+
+def cached_family(
+    name: str, root: Path, *, layers: int | None = None, seed: int = 0, head: str = EMBED
+) -> Path:
+    """`root/<name>-L<layers>-s<seed>` (`<name>-token-L...` for a token head), built by
+    `build_family` unless a previous run left a complete one of that head there (reruns,
+    and sr serve and the benchmark, share one folder)."""
+    _check_head(name, head)
     depth = layers or FAMILIES[name].layers
-    folder = Path(root) / f"{name}-L{depth}-s{seed}"
-    if all((folder / f).is_file() for f in ("config.json", "model.safetensors", "modules.json")):
+    folder = Path(root) / family_folder_name(name, depth, seed, head)
+    if _complete(folder, head):
         return folder
     if folder.exists():
         shutil.rmtree(folder)
     partial = folder.with_name(folder.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    build_family(name, partial, layers=depth, seed=seed)
+    build_family(name, partial, layers=depth, seed=seed, head=head)
     partial.rename(folder)
     return folder
 
@@ -373,13 +487,25 @@ def main(argv: list[str] | None = None) -> int:
         "print its folder."
     )
     parser.add_argument("family", choices=sorted(FAMILIES))
-    parser.add_argument("root", type=Path, help="the folder is ROOT/<family>-L<layers>-s<seed>")
+    parser.add_argument(
+        "root",
+        type=Path,
+        help="the folder is ROOT/<family>-L<layers>-s<seed> (<family>-token-L... for --head token)",
+    )
     parser.add_argument("--layers", type=int, default=None, help="default: the family's own")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--head", choices=HEADS, default=EMBED, help="embed (bare model, default) or token"
+    )
     args = parser.parse_args(argv)
     quiet_transformers()
-    folder = cached_family(args.family, args.root, layers=args.layers, seed=args.seed)
-    print(f"{FAMILIES[args.family].describe(args.layers)}", file=sys.stderr)
+    try:
+        folder = cached_family(
+            args.family, args.root, layers=args.layers, seed=args.seed, head=args.head
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"{FAMILIES[args.family].describe(args.layers, args.head)}", file=sys.stderr)
     print(folder.resolve())
     return 0
 
