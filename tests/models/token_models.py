@@ -2,8 +2,8 @@
 own token-classification pipeline on them: the independent reference for sr's token heads
 and their entities (transformers is a test dependency only).
 
-The entity rules differ by tokenizer kind, so the families cover each: BERT and ModernBERT
-get the embedded MiniLM's WordPiece (word-aware: `##` marks a subword), RoBERTa a
+The entity rules differ by tokenizer kind, so the families cover each: BERT, MPNet and
+ModernBERT get the embedded MiniLM's WordPiece (word-aware: `##` marks a subword), RoBERTa a
 byte-level BPE and XLM-R a Metaspace Unigram with an unknown token (no subword prefix: the
 pipeline's space heuristic), both trained here on a fixed corpus, offline.
 """
@@ -20,7 +20,7 @@ from tests.models.reference import TOKENIZER_FILES
 
 # B-/I- tags, and one label without a prefix (a tag of its own).
 LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC", "PHONE")
-FAMILIES = ("bert", "roberta", "xlm-roberta", "modernbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "mpnet", "modernbert")
 _CORPUS = (
     "My name is Wolfgang and I live in Berlin.",
     "Sarah Jessica Parker lives in New York City with her family.",
@@ -92,6 +92,10 @@ def _config(family: str, vocab: int):
         return transformers.BertConfig(
             vocab_size=vocab, max_position_embeddings=128, **small, **labels
         )
+    if family == "mpnet":  # positions from pad_token_id + 1, as all-mpnet-base-v2's
+        return transformers.MPNetConfig(
+            vocab_size=vocab, max_position_embeddings=130, pad_token_id=0, **small, **labels
+        )
     if family in ("roberta", "xlm-roberta"):
         kind = transformers.RobertaConfig if family == "roberta" else transformers.XLMRobertaConfig
         return kind(
@@ -122,7 +126,7 @@ def write_token_model(folder: Path, family: str, *, seed: int = 0) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if family in ("bert", "modernbert"):
+    if family in ("bert", "mpnet", "modernbert"):
         source = embedded_default_dir()
         for name in TOKENIZER_FILES:
             shutil.copyfile(source / name, folder / name)
