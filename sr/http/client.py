@@ -39,6 +39,11 @@ _READ_CHUNK = 65536
 _CLOSED_EARLY = "worker closed the connection before a complete answer"
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Every header line of an answer, each after its CRLF: `token: value` with no CR, LF or NUL
+# in the value. One match checks the whole block (a worker's answer has about ten lines:
+# a match per line cost about 10k instructions per answer); a block that fails is then
+# walked line by line only to name the bad line.
+_HEADER_LINES = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\0]*)*")
 _TARGET = re.compile(r"[!-~]+")  # visible ASCII: no spaces, CR, LF or controls
 _NO_BODY_STATUS = (204, 304)
 _HEAD_CACHE_SIZE = 64
@@ -226,15 +231,13 @@ def parse_head(head: bytes) -> tuple[int, dict[str, str], int | None, bool]:
     if match is None:
         raise ReadFailed(f"malformed answer: status line {lines[0][:80]!r}")
     keep = match.group(1) == b"1"  # an HTTP/1.0 answer is not kept
+    if not _HEADER_LINES.fullmatch(head, len(lines[0])):
+        raise ReadFailed(f"malformed answer: {_bad_line(lines[1:])}")
     headers: dict[str, str] = {}
     length: int | None = None
     for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            raise ReadFailed(f"malformed answer: header line {line[:80]!r}")
+        name, _, value = line.partition(b":")
         value = value.strip(b" \t")
-        if b"\r" in value or b"\n" in value or b"\0" in value:
-            raise ReadFailed(f"malformed answer: header value {line[:80]!r}")
         key = name.lower().decode("ascii")
         text = value.decode("latin-1")
         if key == "content-length":
@@ -250,6 +253,17 @@ def parse_head(head: bytes) -> tuple[int, dict[str, str], int | None, bool]:
         headers[key] = text if key not in headers else f"{headers[key]}, {text}"
     status = int(match.group(2))
     return status, headers, length, keep
+
+
+def _bad_line(lines: list[bytes]) -> str:
+    """What is wrong with the first header line that is not `token: value`."""
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            return f"header line {line[:80]!r}"
+        if b"\0" in value or b"\r" in value or b"\n" in value:
+            return f"header value {line[:80]!r}"
+    return "header block"  # not reached: the block's match fails on some line
 
 
 async def _send(conn: _Connection, wire: bytes) -> None:

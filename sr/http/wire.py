@@ -24,10 +24,14 @@ REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in REASONS.items()}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_NOT_IN_VALUE = re.compile(rb"[\r\n\0]")
 # Framing and the date are the server's: it declares the length of every answer, decides
 # whether the connection stays open, and dates it. An app's own copies are dropped.
 _SERVER_OWNED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"date"})
+# Header names already written, known to be tokens and not the server's: apps write a few
+# constant names, so each is matched once, not once per answer. Bounded, for an app that
+# makes names up.
+_WRITABLE_NAMES: set[bytes] = set()
+_WRITABLE_NAMES_MAX = 256
 _date_second = -1
 _date_line = b""
 
@@ -58,9 +62,14 @@ def answer_head(
     parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
     try:
         for name, value in headers:
-            if name.lower() in _SERVER_OWNED:
-                continue
-            if not _TOKEN.fullmatch(name) or _NOT_IN_VALUE.search(value):
+            if name not in _WRITABLE_NAMES:
+                if name.lower() in _SERVER_OWNED:
+                    continue
+                if not _TOKEN.fullmatch(name):
+                    raise InvalidAnswer(f"header {name[:40]!r} cannot be written")
+                if len(_WRITABLE_NAMES) < _WRITABLE_NAMES_MAX:
+                    _WRITABLE_NAMES.add(bytes(name))
+            if b"\r" in value or b"\n" in value or b"\0" in value:
                 raise InvalidAnswer(f"header {name[:40]!r} cannot be written")
             parts += (name, b": ", value, b"\r\n")
     except (TypeError, ValueError) as error:  # not (bytes, bytes) pairs

@@ -68,7 +68,7 @@ from sr.router.guard import FrontDoorGuard, check_json_body
 from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
-from sr.worker import timing as worker_timing
+from sr.worker.timing import WorkerTiming
 
 if TYPE_CHECKING:
     from sr.pool.deployment import Reply
@@ -82,6 +82,7 @@ REPLICA_HEADER = b"x-sr-replica"
 OPENAPI_PATH = "/openapi.json"
 # The deployment a request resolved to, kept in its ASGI scope for the access log.
 DEPLOYMENT_SCOPE_KEY = "sr.deployment"
+TOKENS_SCOPE_KEY = "sr.tokens"  # the tokens a worker computed for the request
 _OUTCOME_BY_CODE = {
     "overloaded": "overloaded",
     "unavailable": "unavailable",
@@ -239,7 +240,7 @@ class RouterApp:
                     replica=answer.replica,
                     status=answer.status,
                     ms=(time.perf_counter() - started) * 1000.0,
-                    tokens=answer.tokens,
+                    tokens=scope.get(TOKENS_SCOPE_KEY),
                 )
 
     async def _route(
@@ -336,15 +337,18 @@ class RouterApp:
             status, answer = reply.status, reply.body
             if key is not None:
                 self.cache.put(deployment, key, status, answer)
+            headers = [(REPLICA_HEADER, str(reply.replica_id).encode())]
             if 200 <= status < 300:
                 outcome = "ok"
                 answer = front.answer(request, answer)
-                self.metrics.observe_reply(deployment, route, reply.headers)
+                timing = WorkerTiming.read(reply.headers)  # sr.worker.timing
+                if timing is not None:
+                    self.metrics.observe_reply(deployment, route, timing)
+                    scope[TOKENS_SCOPE_KEY] = timing.tokens
+                    headers += front.timing_headers(timing)
             else:
                 status, answer = front.worker_error(request, status, answer)
-            replica = (REPLICA_HEADER, str(reply.replica_id).encode())
-            timing = worker_timing.forwarded(reply.headers)  # TEI's x-*-time headers
-            await send_response(send, status, answer, [replica, *timing])
+            await send_response(send, status, answer, headers)
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
             status, headers, payload = front.error(error)
@@ -543,9 +547,9 @@ _BAD_REQUEST_ID = "X-Request-Id: must be 1 to 128 visible ASCII characters"
 
 class _Answer:
     """The `send` of one request: adds its id and CORS headers to the answer's head, and
-    keeps what the access log reports (status, replica, tokens)."""
+    keeps what the access log reports (status, replica)."""
 
-    __slots__ = ("_send", "extra", "replica", "request_id", "status", "tokens")
+    __slots__ = ("_send", "extra", "replica", "request_id", "status")
 
     def __init__(self, send: Send, rid: str | None, cors: list[tuple[bytes, bytes]]) -> None:
         self._send = send
@@ -553,7 +557,6 @@ class _Answer:
         self.extra = [(request_id.HEADER, self.request_id), *cors]
         self.status = 0  # none sent: the caller hung up first
         self.replica: str | None = None
-        self.tokens: int | None = None
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -562,14 +565,8 @@ class _Answer:
             for name, value in headers:
                 if name == REPLICA_HEADER:
                     self.replica = value.decode("latin-1")
-                elif name == _TOKENS_HEADER and value.isdigit():
-                    # an attached worker's odd header must not cost the answer
-                    self.tokens = int(value)
             message = {**message, "headers": [*headers, *self.extra]}
         await self._send(message)
-
-
-_TOKENS_HEADER = worker_timing.COMPUTE_TOKENS.encode()
 
 
 @functools.cache

@@ -26,6 +26,7 @@ import attrs
 
 from sr.errors import InvalidRequest, RequestError
 from sr.http.jsonbody import parse_json_object
+from sr.worker.timing import WorkerTiming
 
 
 class Routed(Protocol):
@@ -46,6 +47,7 @@ class Front(Protocol):
     def answer(self, request: Any, payload: bytes) -> bytes: ...
     def worker_error(self, request: Any, status: int, payload: bytes) -> tuple[int, bytes]: ...
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
+    def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]: ...
 
 
 @attrs.frozen
@@ -85,3 +87,6 @@ class NativeFront:
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
         return error.status, headers, error.body()
+
+    def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]:
+        return []  # the usage is in the body; TEI's timing headers are for TEI's clients

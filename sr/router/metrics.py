@@ -2,8 +2,8 @@
 
 Sources:
 - the front end counts requests by outcome and observes latency (`observe_request`);
-- a worker's answer carries TEI's timing headers (sr.worker.timing); `observe_reply` turns
-  them into queue and inference histograms and an input-token counter;
+- a worker's answer carries its timing (sr.worker.timing); `observe_reply` turns it into
+  queue and inference histograms and an input-token counter;
 - pool events feed restart, ejection and readmission counters (`on_event`, subscribed to
   the EventSink), so the pool never imports Prometheus;
 - replica readiness, ejection, in-flight requests and outstanding bytes are read from the pool's
@@ -39,7 +39,7 @@ import sr
 from sr import exposition
 from sr.pool.state import ReplicaState
 from sr.router.replica_metrics import ReplicaMetricsCollector
-from sr.worker import timing
+from sr.worker.timing import WorkerTiming
 
 if TYPE_CHECKING:
     from sr.config.schema import Deployment
@@ -50,7 +50,7 @@ METRICS_CONTENT_TYPE = exposition.CONTENT_TYPE
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-# The workers' timing headers are whole milliseconds (TEI's unit), so nothing finer.
+# The workers' timings are whole milliseconds (TEI's unit), so nothing finer.
 WORKER_TIME_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
@@ -214,15 +214,9 @@ class RouterMetrics:
                 histogram = self._latency_children[latency_key] = self.latency.labels(*latency_key)
             histogram.observe(seconds)
 
-    def observe_reply(self, deployment: str, route: str, headers: Mapping[str, str]) -> None:
-        """A worker's answer for work: its timing headers (sr.worker.timing) into the
-        queue and inference histograms and the token counter. An answer without them (an
-        error, an attached worker of another version) is not observed."""
-        queue_ms = _whole_number(headers.get(timing.QUEUE_TIME))
-        inference_ms = _whole_number(headers.get(timing.INFERENCE_TIME))
-        tokens = _whole_number(headers.get(timing.COMPUTE_TOKENS))
-        if queue_ms is None or inference_ms is None or tokens is None:
-            return
+    def observe_reply(self, deployment: str, route: str, timing: WorkerTiming) -> None:
+        """A worker's answer for work: its timing (sr.worker.timing) into the queue and
+        inference histograms and the token counter."""
         key = (deployment, route)
         children = self._reply_children.get(key)
         if children is None:
@@ -232,9 +226,9 @@ class RouterMetrics:
                 self.input_tokens.labels(*key),
             )
         queue, inference, token_counter = children
-        queue.observe(queue_ms / 1000.0)
-        inference.observe(inference_ms / 1000.0)
-        token_counter.inc(tokens)
+        queue.observe(timing.queue_ms / 1000.0)
+        inference.observe(timing.inference_ms / 1000.0)
+        token_counter.inc(timing.tokens)
 
     def on_event(self, event: str, fields: dict[str, Any]) -> None:
         """EventSink listener for the pool's replica events."""
@@ -260,12 +254,6 @@ class RouterMetrics:
 
 
 _REPLICA_EVENTS = frozenset({"replica_restarted", "replica_ejected", "replica_readmitted"})
-
-
-def _whole_number(value: str | None) -> int | None:
-    if value is None or not value.isascii() or not value.isdigit():
-        return None
-    return int(value)
 
 
 def _installed_version(distribution: str) -> str:

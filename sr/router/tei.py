@@ -59,6 +59,7 @@ from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
+from sr.worker.timing import WorkerTiming
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
@@ -156,6 +157,9 @@ class TeiFront:
 
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         return error_reply(error)
+
+    def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]:
+        return timing.tei_headers()  # TEI's x-*-time, x-compute-tokens and -characters
 
 
 # -- requests ------------------------------------------------------------------------------

@@ -343,11 +343,11 @@ class WorkerService:
         if method != allowed:
             status, headers, payload = _error(MethodNotAllowed(f"{path} takes {allowed}"))
             response = status, [*headers, (b"allow", allowed.encode())], payload
-        elif allowed == "POST":  # the task routes: timed, answered with TEI's timing headers
+        elif allowed == "POST":  # the task routes: timed (sr.worker.timing)
             with RequestTiming() as timing:
                 response = await self._answer(path, answer, body)
             if response[0] == 200 and timing.computed:
-                response = response[0], [*response[1], *timing.headers()], response[2]
+                response = response[0], [*response[1], timing.header()], response[2]
         else:
             response = await self._answer(path, answer, body)
         self.metrics.count_answer(path, response[0])

@@ -1,20 +1,26 @@
-"""Per-request timings of a worker, answered as TEI's response headers.
+"""Per-request timings of a worker: one internal header on the hop, TEI's headers on TEI's routes.
 
-Names and units are text-embeddings-inference's (its router's ResponseMetadata): whole
-milliseconds, cut down as TEI cuts them, and a token count. What each means here:
+The numbers are text-embeddings-inference's (its router's ResponseMetadata): whole
+milliseconds, cut down as TEI cuts them, and counts. What each means here:
 
-- `x-total-time`, `x-compute-time`: from `WorkerService.handle` taking the request to its
-  answer being ready (the same number, as in TEI).
-- `x-tokenization-time`: from taking the request until its rows reach the engine: parsing,
-  validation and tokenization.
-- `x-queue-time`: from the rows reaching the engine until the first forward holding one of
-  them starts on the device thread.
-- `x-inference-time`: the time the forwards holding its rows took (a request whose rows
-  are cut into several batches adds them up; time spent on other requests' forwards in
-  between is neither queue nor inference).
-- `x-compute-tokens`: the tokens of the request's rows (its `usage.prompt_tokens`).
-- `x-compute-characters`: the characters of the texts it tokenized (a rerank pair counts
-  the query once per document, as it is tokenized; token-id input counts none).
+- total (TEI's `x-total-time` and `x-compute-time`): from `WorkerService.handle` taking
+  the request to its answer being ready (the same number, as in TEI).
+- tokenization (`x-tokenization-time`): from taking the request until its rows reach the
+  engine: parsing, validation and tokenization.
+- queue (`x-queue-time`): from the rows reaching the engine until the first forward holding
+  one of them starts on the device thread.
+- inference (`x-inference-time`): the time the forwards holding its rows took (a request
+  whose rows are cut into several batches adds them up; time spent on other requests'
+  forwards in between is neither queue nor inference).
+- tokens (`x-compute-tokens`): the tokens of the request's rows (its `usage.prompt_tokens`).
+- characters (`x-compute-characters`): the characters of the texts it tokenized (a rerank
+  pair counts the query once per document, as it is tokenized; token-id input counts none).
+
+On the wire: a worker answers one header, `x-sr-timing: TOTAL TOKENIZATION QUEUE INFERENCE
+TOKENS CHARACTERS` (six whole numbers), not TEI's seven: the router reads it once for its
+metrics and its access log, and writes TEI's seven headers only on TEI's routes, whose
+clients read them (sr.router.tei). Every other answer carries none: each header is parsed,
+checked and written on every hop and answer, and nobody reads them there.
 
 How the numbers get here without touching each task's signature: `handle` opens a
 `RequestTiming` for a POST route (a context manager that sets the `current()` context
@@ -22,9 +28,9 @@ variable for the request's Trio task); `Engine.compute`, awaited in that same ta
 its submission's numbers. Nothing is recorded when no timing is open (engine tests,
 benchmarks). The cost is a few clock reads per request.
 
-Only a successful answer whose rows reached the engine carries the headers: an error, or a
-route that computes nothing (/v1/tokenize), has no queue or inference to report, and
-TEI sends none there either.
+Only a successful answer whose rows reached the engine carries the header: an error, or a
+route that computes nothing (/v1/tokenize), has no queue or inference to report, and TEI
+sends none there either.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 TOTAL_TIME = "x-total-time"
 COMPUTE_TIME = "x-compute-time"
@@ -46,6 +52,8 @@ HEADER_NAMES = (
     COMPUTE_CHARACTERS,
 )  # fmt: skip
 _HEADER_BYTES = tuple(name.encode() for name in HEADER_NAMES)
+TIMING_HEADER = b"x-sr-timing"  # the worker's answer, read by the router
+TIMING_KEY = TIMING_HEADER.decode()  # how the router's hop client names it
 
 _current: contextvars.ContextVar[RequestTiming | None] = contextvars.ContextVar(
     "sr_request_timing", default=None
@@ -108,32 +116,52 @@ class RequestTiming:
         """Whether the request's rows reached the engine (its answer gets the headers)."""
         return self.reached_engine is not None
 
-    def headers(self, now: float | None = None) -> list[tuple[bytes, bytes]]:
-        """The TEI headers, in HEADER_NAMES order."""
+    def header(self, now: float | None = None) -> tuple[bytes, bytes]:
+        """The `x-sr-timing` header of the answer."""
         now = time.perf_counter() if now is None else now
-        total = _ms(now - self.started)
         reached = now if self.reached_engine is None else self.reached_engine
-        values = (
-            total,
-            str(self.tokens).encode(),
-            total,
+        return TIMING_HEADER, b"%d %d %d %d %d %d" % (
+            _ms(now - self.started),
             _ms(reached - self.started),
             _ms(self.queue_s),
             _ms(self.inference_s),
-            str(self.characters).encode(),
+            self.tokens,
+            self.characters,
         )
+
+
+class WorkerTiming(NamedTuple):
+    """A worker's `x-sr-timing`, as the router reads it (milliseconds and counts)."""
+
+    total_ms: int
+    tokenization_ms: int
+    queue_ms: int
+    inference_ms: int
+    tokens: int
+    characters: int
+
+    @classmethod
+    def read(cls, headers: Mapping[str, str]) -> WorkerTiming | None:
+        """The timing of a worker's answer (its headers as the hop client gives them), None
+        without a well-formed one (an error, an attached worker of another version)."""
+        value = headers.get(TIMING_KEY)
+        if value is None:
+            return None
+        fields = value.split(" ")
+        if len(fields) != 6 or not all(f.isascii() and f.isdigit() for f in fields):
+            return None
+        return cls(*map(int, fields))
+
+    def tei_headers(self) -> list[tuple[bytes, bytes]]:
+        """TEI's seven timing headers, in HEADER_NAMES order."""
+        total = b"%d" % self.total_ms
+        values = (
+            total, b"%d" % self.tokens, total, b"%d" % self.tokenization_ms,
+            b"%d" % self.queue_ms, b"%d" % self.inference_ms, b"%d" % self.characters,
+        )  # fmt: skip
         return list(zip(_HEADER_BYTES, values, strict=True))
 
 
-def forwarded(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """The timing headers of a worker's answer (lower-case names), to pass on as they are."""
-    return [
-        (raw, headers[name].encode("latin-1"))
-        for name, raw in zip(HEADER_NAMES, _HEADER_BYTES, strict=True)
-        if name in headers
-    ]
-
-
-def _ms(seconds: float) -> bytes:
+def _ms(seconds: float) -> int:
     # TEI sends Duration::as_millis(): whole milliseconds, cut down, never rounded up.
-    return str(max(0, int(seconds * 1000.0))).encode()
+    return max(0, int(seconds * 1000.0))

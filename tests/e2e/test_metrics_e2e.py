@@ -1,4 +1,5 @@
-"""A real `sr serve` with one worker process (tiny BERT): the timing headers on answers,
+"""A real `sr serve` with one worker process (tiny BERT): TEI's timing headers on TEI's
+routes (and none on the others),
 the per-replica batch series at the router's /metrics, no `_created` series, and probes
 that do not count as the worker's requests."""
 
@@ -50,14 +51,9 @@ def worker_metrics(pid: int) -> dict:
     return samples(text)
 
 
-def test_answers_carry_numeric_timing_headers(answers):
+def test_native_answers_carry_no_timing_headers(answers):
     for reply in answers:
-        values = {name: reply.headers[name] for name in TEI_HEADERS}
-        assert all(value.isdigit() for value in values.values()), values
-        assert int(values["x-compute-tokens"]) == reply.json()["usage"]["prompt_tokens"]
-        assert int(values["x-queue-time"]) + int(values["x-inference-time"]) <= int(
-            values["x-total-time"]
-        )
+        assert not set(reply.headers) & {*TEI_HEADERS, "x-sr-timing"}, reply.headers
 
 
 def test_router_metrics_show_each_replica_batches(server, answers):
@@ -100,3 +96,18 @@ def test_probes_do_not_count_as_worker_requests(server, answers):
     health = (("route", "/health"), ("status", "200"))
     probes_before = named(before, "sr_worker_probes_total")[health]
     assert named(after, "sr_worker_probes_total")[health] >= probes_before + 3
+
+
+def test_tei_answers_carry_numeric_timing_headers(server):
+    """Last in the module: it computes rows the counts above do not expect."""
+    texts = ["the timing", "of a TEI call"]
+    reply = server.client.post("/embed", json={"inputs": texts})
+    assert reply.status_code == 200, reply.text
+    values = {name: reply.headers[name] for name in TEI_HEADERS}
+    assert all(value.isdigit() for value in values.values()), values
+    native = server.client.post("/v1/embeddings", json={"model": "primary", "input": texts})
+    assert int(values["x-compute-tokens"]) == native.json()["usage"]["prompt_tokens"]
+    assert int(values["x-queue-time"]) + int(values["x-inference-time"]) <= int(
+        values["x-total-time"]
+    )
+    assert "x-sr-timing" not in reply.headers

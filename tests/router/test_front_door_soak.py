@@ -43,7 +43,7 @@ async def big_answers(deployment, path, body, timeout_s):
 class Counts:
     def __init__(self) -> None:
         self.cut: dict[str, int] = dict.fromkeys(
-            ["slow head cut", "slow body 408", "never read dropped", "idle reclaimed"], 0
+            ["slow head cut", "slow body cut", "never read dropped", "idle reclaimed"], 0
         )
         self.probes: list[tuple[bool, float]] = []
 
@@ -67,7 +67,7 @@ async def slow_head(port: int, counts: Counts, end: float) -> None:
                     _trickle, stream, b"GET /health HTTP/1.1\r\nX-Slow: " + b"a" * 200
                 )
                 # 408 at the head timeout, or 503 when the connection cap reclaimed it
-                # (a trickled head has made the least progress of any connection).
+                # (a trickled head has waited since its connection was accepted).
                 if (await _until_closed(stream))[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 503"):
                     counts.cut["slow head cut"] += 1
                 nursery.cancel_scope.cancel()
@@ -82,8 +82,11 @@ async def slow_body(port: int, counts: Counts, end: float) -> None:
         with trio.move_on_at(end):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_trickle, stream, b"{" + b" " * 499)
-                if (await _until_closed(stream)).startswith(b"HTTP/1.1 408"):
-                    counts.cut["slow body 408"] += 1
+                # 408 at the body timeout, or 503 when the connection cap reclaimed it: on
+                # a fast host the idle flood reconnects so quickly that a body's 20 ms
+                # between bytes is the longest any connection has waited.
+                if (await _until_closed(stream))[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 503"):
+                    counts.cut["slow body cut"] += 1
                 nursery.cancel_scope.cancel()
         await stream.aclose()
 

@@ -168,7 +168,7 @@ async def test_the_access_log_has_one_line_per_request():
     logger.propagate = False
 
     async def answered(deployment, path, body, timeout_s):
-        headers = {"x-compute-tokens": "3", "x-queue-time": "0"}
+        headers = {"x-sr-timing": "2 0 0 1 3 9"}  # sr.worker.timing: 3 tokens
         return FakeReply(200, headers, b'{"object":"list","data":[]}', "primary-0")
 
     app, _ = build(handler=answered, access_log=AccessLog(enabled=True, logger=logger))
@@ -224,7 +224,7 @@ async def test_an_odd_token_header_from_a_worker_costs_neither_the_answer_nor_th
     logger.propagate = False
 
     async def odd(deployment, path, body, timeout_s):  # an attached worker of another make
-        headers = {"x-compute-tokens": "many", "x-queue-time": "soon"}
+        headers = {"x-sr-timing": "many soon", "x-compute-tokens": "7"}
         return FakeReply(200, headers, b'{"object":"list","data":[]}', "primary-0")
 
     app, _ = build(handler=odd, access_log=AccessLog(enabled=True, logger=logger))

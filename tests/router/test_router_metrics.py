@@ -1,6 +1,7 @@
-"""The router's /metrics through the in-memory app with a fake pool: timing headers passed
-through and observed, per-replica batch series from scrapes, build and model info, the
-process collectors, no `_created` series, and promtool's verdict."""
+"""The router's /metrics through the in-memory app with a fake pool: a worker's timing
+observed and written as TEI's headers on TEI's routes only, per-replica batch series from
+scrapes, build and model info, the process collectors, no `_created` series, and
+promtool's verdict."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from tests.metrics_text import families, named, promtool_check, samples
 from .asgi_client import call
 from .fake_core import FakeReply, FakeRouterCore, echo_embeddings, make_config
 
-# What a worker sends (TEI's names; whole milliseconds), plus one header that stays behind.
-WORKER_TIMING = {
+# What a worker sends: total, tokenization, queue and inference ms, tokens, characters.
+WORKER_TIMING = {"x-sr-timing": "15 1 4 9 7 12"}
+# What a TEI route's caller gets from it (TEI's names; whole milliseconds).
+TEI_TIMING = {
     "x-compute-time": "15",
     "x-compute-tokens": "7",
     "x-total-time": "15",
     "x-tokenization-time": "1",
     "x-queue-time": "4",
     "x-inference-time": "9",
+    "x-compute-characters": "12",
 }
 EMBED = {"model": "primary", "input": "a"}
 ROUTE = (("deployment", "primary"), ("route", "/v1/embeddings"))
@@ -57,15 +61,18 @@ async def scrape(app: RouterApp) -> str:
     return answer.body.decode()
 
 
-async def test_timing_headers_pass_through_and_feed_the_histograms():
+async def test_a_workers_timing_feeds_the_histograms_and_only_tei_routes_get_its_headers():
     headers = {**WORKER_TIMING, "x-worker-secret": "stays", "content-type": "application/json"}
     core = FakeRouterCore(make_config({"primary": 1}), replying(200, headers))
     app = build(core)
     answer = await call(app, "POST", "/v1/embeddings", EMBED)
     assert answer.status == 200
-    assert {k: answer.headers[k] for k in WORKER_TIMING} == WORKER_TIMING
-    assert "x-worker-secret" not in answer.headers
+    assert not set(answer.headers) & {*TEI_TIMING, "x-sr-timing", "x-worker-secret"}
     assert answer.headers["x-sr-replica"] == "primary-0"
+    tei = await call(app, "POST", "/embed", {"inputs": "a"})
+    assert tei.status == 200, tei.body
+    assert {k: tei.headers[k] for k in TEI_TIMING} == TEI_TIMING
+    assert not set(tei.headers) & {"x-sr-timing", "x-worker-secret"}
     found = samples(await scrape(app))
     assert found[("sr_request_queue_seconds_count", ROUTE)] == 1
     assert found[("sr_request_queue_seconds_sum", ROUTE)] == 0.004
@@ -73,6 +80,8 @@ async def test_timing_headers_pass_through_and_feed_the_histograms():
     assert found[("sr_request_queue_seconds_bucket", (*ROUTE[:1], ("le", "0.005"), ROUTE[1]))] == 1
     assert found[("sr_request_inference_seconds_sum", ROUTE)] == 0.009
     assert found[("sr_input_tokens_total", ROUTE)] == 7
+    tei_route = (("deployment", "primary"), ("route", "/embed"))
+    assert found[("sr_input_tokens_total", tei_route)] == 7
 
 
 async def test_answers_without_usable_timing_are_not_observed():
@@ -81,7 +90,7 @@ async def test_answers_without_usable_timing_are_not_observed():
     assert (await call(app, "POST", "/v1/embeddings", EMBED)).status == 200
     core.handler = replying(200, {})  # a worker that sends no timing (another version)
     assert (await call(app, "POST", "/v1/embeddings", EMBED)).status == 200
-    core.handler = replying(200, {**WORKER_TIMING, "x-queue-time": "-3"})
+    core.handler = replying(200, {"x-sr-timing": "15 1 -3 9 7 12"})
     assert (await call(app, "POST", "/v1/embeddings", EMBED)).status == 200
     core.handler = replying(400, WORKER_TIMING)  # the worker refused it: no work was timed
     assert (await call(app, "POST", "/v1/embeddings", EMBED)).status == 400

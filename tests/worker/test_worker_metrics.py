@@ -1,5 +1,5 @@
-"""The worker's timing headers (TEI's names and units) and its /metrics text: probes
-counted apart, forward durations, no `_created` series."""
+"""The worker's timing (its one `x-sr-timing` header, read as TEI's headers and units) and
+its /metrics text: probes counted apart, forward durations, no `_created` series."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import trio.testing
 from worker_fakes import fake_service_kwargs, get, post, running
 
 from sr.worker.options import WorkerOptions
-from sr.worker.timing import RequestTiming, forwarded
+from sr.worker.timing import TIMING_KEY, RequestTiming, WorkerTiming
 from tests.metrics_text import named, promtool_check, samples
 
 # text-embeddings-inference's router (ResponseMetadata -> HeaderMap): whole milliseconds,
@@ -33,8 +33,14 @@ async def answer(service, path: str, body: dict) -> tuple[int, dict[str, str], d
 
 
 def timing_of(headers: dict[str, str]) -> dict[str, int]:
-    assert all(headers[name].isdigit() for name in TEI_HEADERS), headers
-    return {name: int(headers[name]) for name in TEI_HEADERS}
+    """TEI's headers as the router writes them from the worker's `x-sr-timing`; the worker
+    itself answers none of TEI's seven."""
+    assert not set(headers) & set(TEI_HEADERS), headers
+    timing = WorkerTiming.read(headers)
+    assert timing is not None, headers
+    tei = {name.decode(): value.decode() for name, value in timing.tei_headers()}
+    assert list(tei) == list(TEI_HEADERS) and all(v.isdigit() for v in tei.values()), tei
+    return {name: int(value) for name, value in tei.items()}
 
 
 async def test_every_task_answer_carries_the_tei_timing_headers(fake_model):
@@ -63,10 +69,10 @@ async def test_errors_and_reads_carry_no_timing_headers(fake_model):
     async with fake_worker(fake_model) as service:
         status, headers, _ = await answer(service, "/v1/embeddings", {"input": []})
         assert status == 400
-        assert not set(headers) & set(TEI_HEADERS)
+        assert TIMING_KEY not in headers
         for path in ("/health", "/v1/models", "/metrics"):
             _, raw, _ = await service.handle("GET", path, b"")
-            assert not {k.decode() for k, _ in raw} & set(TEI_HEADERS)
+            assert TIMING_KEY not in {k.decode() for k, _ in raw}
 
 
 async def test_only_answers_whose_rows_reached_the_engine_are_timed(worker):
@@ -75,7 +81,7 @@ async def test_only_answers_whose_rows_reached_the_engine_are_timed(worker):
     assert timing_of(headers)["x-compute-tokens"] == payload["usage"]["prompt_tokens"] == 4
     status, headers, _ = await answer(worker, "/v1/tokenize", {"input": "hello world"})
     assert status == 200  # no forward: nothing to time, as TEI's /tokenize
-    assert not set(headers) & set(TEI_HEADERS)
+    assert TIMING_KEY not in headers
 
 
 async def test_queue_and_inference_times_follow_the_device(fake_model):
@@ -112,18 +118,25 @@ def test_milliseconds_are_cut_down_as_tei_cuts_them():
     timing.add_submission(100.0105, 100.0114, 0.0025, tokens=7)
     timing.add_submission(100.0300, None, 0.0, tokens=2)  # every row from the cache
     timing.characters = 31
-    headers = {k.decode(): v.decode() for k, v in timing.headers(now=100.0209)}
-    assert headers == {
-        "x-compute-time": "20",
-        "x-compute-tokens": "9",
-        "x-total-time": "20",
-        "x-tokenization-time": "10",
-        "x-queue-time": "0",  # 0.9 ms
-        "x-inference-time": "2",
-        "x-compute-characters": "31",
+    name, value = timing.header(now=100.0209)
+    assert (name, value) == (b"x-sr-timing", b"20 10 0 2 9 31")  # 0.9 ms of queue: 0
+    worker_answer = {name.decode(): value.decode(), "content-type": "application/json"}
+    assert timing_of(worker_answer) == {
+        "x-compute-time": 20,
+        "x-compute-tokens": 9,
+        "x-total-time": 20,
+        "x-tokenization-time": 10,
+        "x-queue-time": 0,
+        "x-inference-time": 2,
+        "x-compute-characters": 31,
     }
-    worker_answer = {**headers, "content-type": "application/json", "x-sr-other": "1"}
-    assert dict(forwarded(worker_answer)) == {k.encode(): v.encode() for k, v in headers.items()}
+
+
+def test_a_malformed_timing_header_is_no_timing():
+    """An attached worker of another version, or a proxy's mangling, costs no answer."""
+    for value in ("20 10 0 2 9", "20 10 0 2 9 31 7", "20 10 -1 2 9 31", "a b c d e f", "", "²"):
+        assert WorkerTiming.read({TIMING_KEY: value}) is None, value
+    assert WorkerTiming.read({}) is None
 
 
 async def test_probes_and_scrapes_are_counted_apart_from_requests(fake_model):
