@@ -64,7 +64,7 @@ import trio
 
 from bench.bench_profile import case_texts
 from bench.harness import ServeProcess, embedded_artifact, http_client, print_table, write_result
-from sr.pool.replica import WORKER_SPIN_COUNT
+from sr.pool.fork_start import WORKER_SPIN_COUNT
 
 BATCH = 32
 MAX_ABS_DIFF = 1e-5  # the same function in fp32: a few ulps of the vectors' entries

@@ -6,7 +6,7 @@ runner configured at 2 threads, on a quiet host and beside a process holding one
 Sides, each in a process of its own (libgomp reads GOMP_SPINCOUNT once, at load):
 * `spin1000`: 1000 spins, no yielding (what workers ran before);
 * `spin20000`: 20000 spins, no yielding (the spin count alone);
-* `yield`: 20000 spins (sr.pool.replica.WORKER_SPIN_COUNT) and the runner allowed to yield
+* `yield`: 20000 spins (sr.pool.fork_start.WORKER_SPIN_COUNT) and the runner allowed to yield
   as WorkerService allows it (the start-up probe, then the policy on /proc/stat);
 * `placed`: as `yield`, and the OpenMP peers kept off the device thread's CPU
   (sr.worker.placement), as WorkerService places them: what a worker runs now.

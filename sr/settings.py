@@ -9,7 +9,7 @@ Rules:
   Supervisor -> ReplicaRunner). Library calls made without settings (the Python API, a
   model resolved in a test) read them at that call, through this module.
 - The snapshot (`Settings.environ`) is what children are started with (managed workers, the
-  fork server: sr.pool.replica.worker_env), and where the variables that a config names
+  fork server: sr.pool.fork_start.worker_env), and where the variables that a config names
   (`api_key_env`) and that sr passes on untouched (GPU visibility masks) are looked up.
   A reload takes a new snapshot: that is how a rotated worker key is adopted.
 - Only `replace_process_environment` and `default_process_variables` write `os.environ`:
@@ -26,7 +26,9 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
                                   overrides probing /dev and the visibility masks
   SR_MODEL_DIR                    a folder of model folders, `org/name` or `org--name`
   SR_MALLOC                       default: leave glibc malloc untuned (sr.worker.allocator)
-  SR_WORKER_START                 fork | spawn: how CPU workers start (sr.pool.forked)
+  SR_WORKER_START                 fork | spawn: how CPU workers start (sr.pool.fork_start)
+  SR_CACHE_DIR                    where the host's kernel probe answer is kept (`off`: not
+                                  kept; default $XDG_CACHE_HOME/sr or ~/.cache/sr)
   VLLM_SRUN_CPU_THREADS           threads per managed CPU worker (capped at the CPU budget)
   VLLM_SRUN_CPU_ADAPTIVE_THREADS  0 | 1 | 2: workers' adaptive thread counts (sr.thread_budget)
   VLLM_SRUN_RESULT_CACHE          router result cache entries per deployment; 0: off
@@ -34,7 +36,7 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
   HF_HUB_CACHE, HF_HOME           where the Hugging Face hub cache is (sr.models.artifacts)
   HF_ENDPOINT, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE   Hub downloads (sr.models.download)
 Passed on to workers and read there by the libraries themselves: HF_TOKEN, GOMP_SPINCOUNT
-(sr sets 20000 unless given, 1000 with adaptive threads: sr.pool.replica), OMP_PROC_BIND and
+(sr sets 20000 unless given, 1000 with adaptive threads: sr.pool.fork_start), OMP_PROC_BIND and
 OMP_PLACES (OpenMP then binds the threads, and sr.worker.placement steps aside),
 CUDA_VISIBLE_DEVICES and the ROCm masks, ONEDNN_PRIMITIVE_CACHE_CAPACITY and
 LRU_CACHE_CAPACITY (sr.models.kernels).
@@ -146,6 +148,33 @@ class _NotATerminal:
 
 
 _NOT_A_TERMINAL = _NotATerminal()
+
+
+CACHE_DIR_ENV = "SR_CACHE_DIR"
+CACHE_OFF = "off"
+# Variables the native libraries under torch read themselves (threading, oneDNN's and MKL's
+# code paths): what a kernel probe found holds only under the same values.
+_NATIVE_PREFIXES = ("DNNL_", "ONEDNN_", "MKL_", "OMP_", "KMP_", "GOMP_", "ATEN_")
+
+
+def host_cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where sr keeps what it measured about its host (sr.models.probe_cache):
+    SR_CACHE_DIR (`off`: nowhere), else $XDG_CACHE_HOME/sr, else ~/.cache/sr. `env`:
+    default this process's environment, now."""
+    env = os.environ if env is None else env
+    explicit = env.get(CACHE_DIR_ENV)
+    if explicit == CACHE_OFF:
+        return None
+    if explicit:
+        return Path(explicit)
+    xdg = env.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path(env.get("HOME") or Path.home()) / ".cache") / "sr"
+
+
+def native_library_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of `env` (default this process's) that torch's native libraries read."""
+    env = os.environ if env is None else env
+    return {name: value for name, value in env.items() if name.startswith(_NATIVE_PREFIXES)}
 
 
 def read_process_settings() -> Settings:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,3 +27,10 @@ def tiny_head_model_dir(tmp_path_factory) -> Path:
     return write_tiny_bert(
         tmp_path_factory.mktemp("tiny-bert-head"), seed=1, with_head=True, labels=TINY_HEAD_LABELS
     )
+
+
+# The kernel probe's answer is kept on disk (sr.models.probe_cache): the suite keeps its own,
+# for this run only, and every process it starts inherits the setting.
+if "SR_CACHE_DIR" not in os.environ:
+    os.environ["SR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sr-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SR_CACHE_DIR"], True)

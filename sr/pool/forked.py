@@ -45,16 +45,20 @@ from pathlib import Path
 import trio
 
 from sr.events import EventSink
+from sr.pool import fork_start
+from sr.pool.fork_start import (  # noqa: F401 (START_ENV, DEFAULT_START, start_method: re-exported)
+    DEFAULT_START,
+    SERVER_MODULE,
+    SERVER_ONLY_ENV,
+    START_ENV,
+    server_command,
+    server_env,
+    start_method,
+)
 
 # Not `from sr.pool.forkserver import ...`: that module is run as `python -m`, and importing
 # it from here (sr.pool's package import) first would make runpy warn and run it twice.
 MAX_MESSAGE = 1 << 20  # sr.pool.forkserver.MAX_MESSAGE
-CMDLINE_ROOM = 4096  # sr.pool.forkserver.CMDLINE_ROOM
-
-START_ENV = "SR_WORKER_START"
-START_METHODS = ("fork", "spawn")
-DEFAULT_START = "fork"
-SERVER_MODULE = "sr.pool.forkserver"
 SERVER_READY_S = 120.0  # importing torch on a loaded host takes seconds, not minutes
 MODEL_SERVER_READY_S = 600.0  # loading a large model at 1 thread may take minutes
 SERVER_STOP_S = 5.0
@@ -63,22 +67,6 @@ REPLY_S = 30.0  # a fork answers in milliseconds; this only bounds a wedged serv
 
 class ForkServerError(Exception):
     """The fork server could not be started or did not fork (the message says why)."""
-
-
-def start_method(device: str, environ: dict[str, str]) -> tuple[str, str | None]:
-    """(`fork` or `spawn`, a warning or None) for a managed worker on `device`.
-
-    GPU workers are spawned: forking before CUDA is initialised would be safe, but each GPU
-    worker's host memory is small beside its device memory, and a GPU driver stack (CUDA,
-    ROCm, their versions) is more than this host can test."""
-    wanted = environ.get(START_ENV, DEFAULT_START)
-    warning = None
-    if wanted not in START_METHODS:
-        warning = f"{START_ENV}={wanted!r} is not one of {', '.join(START_METHODS)}; using spawn"
-        wanted = "spawn"
-    if device != "cpu":
-        return "spawn", warning
-    return wanted, warning
 
 
 class ForkedWorker:
@@ -137,13 +125,6 @@ class ForkedWorker:
         os.close(self._pidfd)
 
 
-# The server forks only while it has one thread, but numpy's OpenBLAS (imported by torch)
-# starts a pool of cores - 1 threads at import unless told otherwise. Workers never use
-# numpy's BLAS for their arithmetic (torch's kernels do it), so the server and the workers
-# it forks run OpenBLAS at one thread; the workers' own environment is the request's.
-SERVER_ONLY_ENV = {"OPENBLAS_NUM_THREADS": "1"}
-
-
 class ForkServer:
     """One `python -m sr.pool.forkserver` process and its control channel."""
 
@@ -151,7 +132,7 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.process: trio.Process | ForkedWorker | None = None
+        self.process: trio.Process | ForkedWorker | _EarlyServer | None = None
         self.pid: int | None = None
         self._control: trio.socket.SocketType | None = None
         self._lock = trio.Lock()
@@ -228,19 +209,23 @@ class ForkServer:
         return ForkedWorker(int(answer["pid"]), fds[0], reply, stderr)
 
     async def _start(self) -> None:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [sys.executable, "-m", SERVER_MODULE, "--control-fd", str(theirs.fileno())]
-        argv += ["--cmdline-room", "." * CMDLINE_ROOM]
-        try:
-            self.process = await trio.lowlevel.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env={**self.env, **SERVER_ONLY_ENV},
-                pass_fds=(theirs.fileno(),),
-            )
-        finally:
-            theirs.close()
+        env = server_env(self.env)
+        early = fork_start.take(SERVER_MODULE, env)  # `sr serve` may have started it already
+        if early is not None:
+            popen, mine = early
+            self.process = _EarlyServer(popen)
+        else:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self.process = await trio.lowlevel.open_process(
+                    server_command(SERVER_MODULE, theirs.fileno()),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    env=env,
+                    pass_fds=(theirs.fileno(),),
+                )
+            finally:
+                theirs.close()
         self._control = trio.socket.from_stdlib_socket(mine)
         await self._wait_ready("fork server", SERVER_READY_S)
 
@@ -268,6 +253,26 @@ class ForkServer:
             if self.process.returncode is None:
                 self.process.kill()
                 await self.process.wait()
+
+
+class _EarlyServer:
+    """A fork server started before Trio ran (sr.pool.fork_start), as ForkServer uses the
+    trio.Process it starts itself: its exit status, kill, and a wait."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+    async def wait(self) -> int:
+        # A thread blocks in waitpid; a cancelled wait leaves it to end with the process.
+        return await trio.to_thread.run_sync(self._popen.wait, abandon_on_cancel=True)
 
 
 class ModelForkServer(ForkServer):

@@ -14,7 +14,9 @@ Rules:
   the thread count is checked (/proc/self/task) before answering ready and before each
   fork. The kernel probe (sr.models.linear.choose_kernel) runs products at 1 and 2 threads,
   so it runs in a short-lived child forked for it, at the thread count a fresh worker has,
-  which reports its choice on a pipe and exits; this process adopts the choice.
+  which reports its choice on a pipe and exits; this process adopts the choice. The
+  choice is kept on disk per host (sr.models.probe_cache), so only a host's first start
+  probes.
 * Every check a worker makes at start still runs in each replica, on the shared model: the
   golden check, the batching probe, thread calibration. Each replica sets its own threads.
   The one exception is the cut-off at 1 thread, measured here at load: a replica at 1
@@ -32,9 +34,10 @@ import attrs
 import torch
 
 from sr.config.precision import cpu_flags, resolve_precision
-from sr.models import kernels, linear
+from sr.models import kernels, linear, probe_cache
 from sr.models.blocks import torch_dtype
 from sr.models.encoder import torch_device
+from sr.settings import host_cache_dir, native_library_variables
 from sr.worker import preloaded
 from sr.worker.cli import parse_command
 from sr.worker.service import load_from_artifact
@@ -61,7 +64,7 @@ def preload(argv: list[str]) -> dict:
     if served.kernel != kernels.BLAS:  # "blas" is never probed
         device = torch_device(served.device)
         for dtype in {torch_dtype(served.dtype), torch.float32}:  # float32: Dense modules
-            linear.adopt_choice(device, dtype, _probe_in_child(device, dtype, fresh_threads))
+            linear.adopt_choice(device, dtype, _host_choice(device, dtype, fresh_threads))
         kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
     model = load_from_artifact(served)
     # The 1-thread cut-offs, measured here so that replicas at 1 thread inherit them: the
@@ -74,6 +77,19 @@ def preload(argv: list[str]) -> dict:
     preloaded.offer(served, model)
     card = getattr(model, "kernel_card", None)
     return {"kernel": card, "load_s": round(time.perf_counter() - started, 3)}
+
+
+def _host_choice(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:
+    """The probe's answer for this host: the one kept from an earlier start
+    (sr.models.probe_cache), else probed now in a child, and kept."""
+    path = probe_cache.cache_file(host_cache_dir())
+    key = probe_cache.probe_key(device, dtype, threads, native_library_variables())
+    kept = probe_cache.load(path, key)
+    if kept is not None:
+        return linear.KernelChoice(kept["linear"], f"{kept['reason']} (probed at an earlier start)")
+    choice = _probe_in_child(device, dtype, threads)
+    probe_cache.store(path, key, choice.card())
+    return choice
 
 
 def _probe_in_child(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:

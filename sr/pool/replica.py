@@ -27,13 +27,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from sr.config.schema import DEFAULT_KERNEL, Deployment, Replica
+from sr.pool.fork_start import worker_env
 from sr.pool.forked import (
     ForkServer,
     ForkServerError,
@@ -54,7 +55,6 @@ from sr.pool.transport import (
 )
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
 from sr.settings import Settings, read_process_settings
-from sr.thread_budget import adaptive_mode
 
 S = ReplicaState
 PROBE_NOT_READY_S = 0.1
@@ -64,11 +64,6 @@ STOP_GRACE_S = 5.0
 # After a worker is gone, how long its stderr may take to reach EOF (a child of the worker
 # could hold the pipe open): its last lines are the exit's reason.
 STDERR_DRAIN_S = 1.0
-# libgomp spins before a waiting thread sleeps (worker_env): 20000 where workers yield
-# threads on a loaded host (sr.worker.contention), 1000 where an adaptive learner chooses
-# the counts and nothing yields (docs/decisions.md, "libgomp's spin count").
-WORKER_SPIN_COUNT = 20000
-LEARNING_SPIN_COUNT = 1000
 
 
 def worker_argv(
@@ -90,27 +85,6 @@ def worker_argv(
     # JSON whatever the router's own format: the relay reads it (sr.pool.worker_log).
     argv += ["--log-format", "json"]
     return [*argv, "--uds", uds]
-
-
-def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` (the settings' snapshot of ours), with this `sr` importable by `python -m
-    sr` from any directory (an embedding program may run from a checkout that is not
-    installed)."""
-    env = dict(environ)
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    # GNU OpenMP spins 300k times for a peer thread before sleeping: on a loaded host a
-    # peer that shares its core turns every operator of a multi-thread forward into
-    # milliseconds of spinning; at 1000 spins a quiet host's forward after an idle pause
-    # runs at one core's pace, its peer asleep between operators. 20000 spins keep the
-    # quiet host fast where a worker on a loaded host yields threads instead; learning
-    # workers do not yield and keep 1000. Read once when torch loads, so it must be in the
-    # environment the worker (or the fork server) starts with; an operator's value wins.
-    learning = adaptive_mode(env) != 0  # validated by sr.settings before any worker starts
-    env.setdefault("GOMP_SPINCOUNT", str(LEARNING_SPIN_COUNT if learning else WORKER_SPIN_COUNT))
-    return env
 
 
 def incompatibility(deployment: Deployment, card: dict) -> str | None:
@@ -305,7 +279,9 @@ class ReplicaRunner:
         finally:
             os.close(parent_read)
         rec.pid = process.pid
-        relay = WorkerLogRelay(deployment=rec.deployment, replica=rec.id, pid=process.pid)
+        relay = WorkerLogRelay(
+            deployment=rec.deployment, replica=rec.id, pid=process.pid, on_state=self.request_probe
+        )
         transport = HttpTransport(uds=str(uds))
         verdict: str | None = None
         try:

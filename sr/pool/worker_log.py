@@ -18,6 +18,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sr.events import LINE_ATTR, WORKER_ATTR
@@ -40,10 +41,19 @@ class WorkerLogRelay:
     """Feed it the worker's stderr bytes; it logs one record per line."""
 
     def __init__(
-        self, *, deployment: str, replica: str, pid: int, logger: logging.Logger | None = None
+        self,
+        *,
+        deployment: str,
+        replica: str,
+        pid: int,
+        logger: logging.Logger | None = None,
+        on_state: Callable[[], None] | None = None,
     ):
+        """`on_state` is called for each line saying the worker listens or changed state:
+        its runner probes it then, instead of at its next turn."""
         self._stamp = {"deployment": deployment, "replica": replica, "pid": pid}
         self._logger = logger or logging.getLogger("sr.worker")
+        self._on_state = on_state
         self._partial = b""
         self.last_message = ""
 
@@ -68,12 +78,17 @@ class WorkerLogRelay:
         line = _json_line(text)
         if line is None:
             line = plain_line(time.time(), "warning", "sr.worker.stderr", text)
+        if self._on_state is not None and line.get("event") in _STATE_EVENTS:
+            self._on_state()
         for key, value in self._stamp.items():
             line.setdefault(key, value)
         self.last_message = message_of(line)[:MAX_REASON_CHARS]
         level = _LEVELS.get(str(line.get("level", "info")).lower(), logging.INFO)
         if self._logger.isEnabledFor(level):
             self._logger.log(level, "%s", text, extra={LINE_ATTR: line, WORKER_ATTR: True})
+
+
+_STATE_EVENTS = frozenset({"worker_listening", "worker_state"})  # sr.worker.cli, .service
 
 
 def _json_line(text: str) -> dict[str, Any] | None:

@@ -39,6 +39,7 @@ from sr.config.schema import DEPLOYMENT_DTYPES, MAX_REPLICAS, SrConfig, default_
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, StartupFailed, UsageError
 from sr.models.limits import settle_input_limits
+from sr.pool import fork_start
 from sr.router.logs import LOG_FORMATS, resolve_log_format
 from sr.settings import Settings, read_process_settings
 
@@ -170,6 +171,17 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
             except OSError as exc:
                 raise StartupFailed(f"cannot write {path}: {exc.strerror or exc}") from None
 
+    # The fork server imports torch for about a second: started now, it does so while the
+    # router imports its own code and binds (sr.pool.fork_start).
+    fork_start.prestart(new, settings.environ)
+    try:
+        return _run(new, path, write_config, wrote, args, log_format, settings)
+    finally:
+        fork_start.discard()  # one the pool did not adopt
+
+
+def _run(new: SrConfig, path: Path, write_config, wrote: bool, args, log_format: str,
+         settings: Settings) -> int:  # fmt: skip
     try:
         from sr.router.serve import run_sr_serve
     except ImportError:

@@ -17,7 +17,7 @@ import pytest
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
-from sr.pool import forked, open_router
+from sr.pool import fork_start, forked, open_router
 from sr.pool.views import ReplicaView
 from tests.pool.test_forkserver import cmdline, parent_of
 from tests.pool.test_pool_e2e import wait_until
@@ -219,8 +219,12 @@ def test_the_model_server_measures_the_one_thread_cut_offs_before_forking(tiny_m
         "print(sorted({(key[1], key[4]) for key in gemm_rows._cut_offs}))\n"
     )
     argv = [sys.executable, "-m", "sr", "worker", "--artifact", str(tiny_model_dir)]
+    # In the fork server's environment: numpy's OpenBLAS at one thread. Without it, its pool
+    # is a second thread until a fork shuts it down (OpenBLAS's fork handler), which only
+    # the kernel probe's child did, and a probe answer kept from an earlier start skips.
+    env = {**os.environ, **fork_start.SERVER_ONLY_ENV}
     done = subprocess.run(
         [sys.executable, "-c", script, *argv, "--kernel", "onednn"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True, text=True, timeout=120, check=True, env=env,
     )  # fmt: skip
     assert done.stdout.strip() == "[(1, 'onednn')]"

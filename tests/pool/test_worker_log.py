@@ -98,6 +98,26 @@ def test_an_endless_line_is_relayed_in_bounded_pieces(relayed):
     assert len(relay.last_message) == 300
 
 
+def test_a_line_saying_the_worker_listens_or_changed_state_wakes_its_runner(relayed):
+    """The runner probes at once rather than at its next turn (0.1 s while starting)."""
+    logger, _ = relayed
+    woken = []
+    relay = WorkerLogRelay(
+        deployment="d", replica="r", pid=1, logger=logger, on_state=lambda: woken.append(1)
+    )
+    relay.feed(
+        b'{"ts": 1, "event": "model_loaded"}\n{"ts": 1, "event": "worker_listening", "binds": []}\n'
+    )
+    assert len(woken) == 1
+    relay.feed(
+        b'{"ts": 1, "event": "worker_state", "state": "warming"}\nworker_state in plain text\n'
+    )
+    relay.feed(b'{"ts": 1, "event": "worker_state", "sta')
+    assert len(woken) == 2  # not for a plain line, nor a line not yet whole
+    relay.feed(b'te": "ready"}\n')
+    assert len(woken) == 3
+
+
 def test_relayed_lines_render_in_the_routers_format(relayed):
     logger, records = relayed
     relay = WorkerLogRelay(deployment="primary", replica="primary-0", pid=77, logger=logger)

@@ -190,7 +190,7 @@ async def test_the_card_says_whether_the_worker_yields_and_why(tiny_model_dir, t
 
 
 def test_workers_spin_20000_times_unless_learning_or_the_operator_says_otherwise():
-    from sr.pool.replica import worker_env
+    from sr.pool.fork_start import worker_env
 
     assert worker_env({})["GOMP_SPINCOUNT"] == "20000"
     assert worker_env({"VLLM_SRUN_CPU_ADAPTIVE_THREADS": "0"})["GOMP_SPINCOUNT"] == "20000"

@@ -1,0 +1,98 @@
+"""The host's kernel choice kept on disk, so that a later start skips the probe.
+
+The probe (sr.models.linear.choose_kernel) runs a few products at every row count under
+PROBE_ROWS and at 1 and 2 threads: about a quarter of a second of every cold start of a
+model's fork server, for an answer that only the host can change. The answer is kept per
+key: the CPU (its model name and flags, from /proc/cpuinfo), torch's version and the
+backends it was built with, the device, dtype and thread count the probe ran at, the
+variables torch's native libraries read (OMP_*, MKL_*, DNNL_*, ...), and PROBE_VERSION
+(raised whenever the probe's rules change). Any of those differing is
+another key, so a kept answer is one the probe would give again.
+
+Where: sr.settings.host_cache_dir (`$SR_CACHE_DIR`, else `$XDG_CACHE_HOME/sr`, else
+`~/.cache/sr`; `SR_CACHE_DIR=off` turns the cache off); one JSON file, replaced atomically.
+Best effort: a file that cannot be read or written costs a probe, never a start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+PROBE_VERSION = 1
+FILE_NAME = "kernel-probe.json"
+_MAX_ENTRIES = 64  # hosts, torch versions and thread counts one home has seen
+
+
+def cache_file(folder: Path | None) -> Path | None:
+    """The cache file in `folder` (sr.settings.host_cache_dir; None: the cache is off)."""
+    return None if folder is None else folder / FILE_NAME
+
+
+def _cpu_identity() -> str:
+    """The first processor's model name and flags (the same on every core of a host)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return f"{fields.get('model name', '')}|{fields.get('flags', fields.get('Features', ''))}"
+
+
+def probe_key(
+    device: torch.device, dtype: torch.dtype, threads: int, native: Mapping[str, str]
+) -> str:
+    """`native`: the variables torch's libraries read (sr.settings.native_library_variables)."""
+    parts = [
+        str(PROBE_VERSION), torch.__version__, torch.__config__.show(), _cpu_identity(),
+        str(device), str(dtype), str(threads), json.dumps(dict(native), sort_keys=True),
+    ]  # fmt: skip
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def load(path: Path | None, key: str) -> dict[str, str] | None:
+    """The choice kept under `key` ({"linear", "reason"}), or None."""
+    if path is None:
+        return None
+    try:
+        entry = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("linear", "reason")):
+        return {"linear": entry["linear"], "reason": entry["reason"]}
+    return None
+
+
+def store(path: Path | None, key: str, choice: Mapping[str, str]) -> None:
+    """Keep `choice` under `key` (the file replaced atomically); errors are ignored."""
+    if path is None:
+        return
+    try:
+        try:
+            entries = json.loads(path.read_text())
+            entries = entries if isinstance(entries, dict) else {}
+        except (OSError, ValueError):
+            entries = {}
+        entries.pop(key, None)
+        while len(entries) >= _MAX_ENTRIES:
+            entries.pop(next(iter(entries)))
+        entries[key] = {"linear": choice["linear"], "reason": choice["reason"]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
+            try:
+                json.dump(entries, out)
+            except BaseException:
+                os.unlink(out.name)
+                raise
+        os.replace(out.name, path)
+    except OSError:
+        return

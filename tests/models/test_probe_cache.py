@@ -1,0 +1,79 @@
+"""The kernel probe's answer kept on disk (sr.models.probe_cache), and the model's fork
+server taking it instead of probing (sr.pool.model_server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from sr.models import probe_cache
+from sr.pool import model_server
+from sr.settings import host_cache_dir, native_library_variables
+
+CPU = torch.device("cpu")
+CHOICE = {"linear": "onednn", "reason": "rows consistent from 2 row(s) on"}
+
+
+def test_a_kept_choice_is_found_under_its_key_only(tmp_path):
+    path = tmp_path / "sr" / probe_cache.FILE_NAME
+    key = probe_cache.probe_key(CPU, torch.float32, 1, {})
+    assert probe_cache.load(path, key) is None  # no file yet
+    probe_cache.store(path, key, CHOICE)
+    assert probe_cache.load(path, key) == CHOICE
+    for other in (
+        probe_cache.probe_key(CPU, torch.float32, 2, {}),
+        probe_cache.probe_key(CPU, torch.bfloat16, 1, {}),
+        probe_cache.probe_key(CPU, torch.float32, 1, {"ONEDNN_DEFAULT_FPMATH_MODE": "BF16"}),
+    ):
+        assert other != key and probe_cache.load(path, other) is None
+    assert [p.name for p in path.parent.iterdir()] == [probe_cache.FILE_NAME]  # no temp left
+
+
+def test_a_damaged_file_costs_a_probe_and_is_replaced(tmp_path):
+    path = tmp_path / probe_cache.FILE_NAME
+    key = probe_cache.probe_key(CPU, torch.float32, 1, {})
+    for damaged in ("{not json", "[1, 2]", json.dumps({key: {"linear": 3}})):
+        path.write_text(damaged)
+        assert probe_cache.load(path, key) is None
+    probe_cache.store(path, key, CHOICE)
+    assert probe_cache.load(path, key) == CHOICE
+
+
+def test_the_environment_names_the_folder_or_turns_it_off(tmp_path):
+    assert host_cache_dir({"SR_CACHE_DIR": "off", "HOME": "/h"}) is None
+    assert probe_cache.cache_file(None) is None
+    assert host_cache_dir({"SR_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert host_cache_dir({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path("/x/sr")
+    assert host_cache_dir({"HOME": "/h"}) == Path("/h/.cache/sr")
+    assert probe_cache.cache_file(tmp_path) == tmp_path / "kernel-probe.json"
+    probe_cache.store(None, "k", CHOICE)  # off: nothing written, nothing raised
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    probe_cache.store(not_a_folder / "sub" / "kernel-probe.json", "k", CHOICE)  # ignored
+
+
+def test_only_the_variables_torchs_libraries_read_are_part_of_the_key():
+    env = {"OMP_NUM_THREADS": "1", "MKL_CBWR": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2", "PATH": "/b"}
+    assert native_library_variables(env) == {
+        "OMP_NUM_THREADS": "1", "MKL_CBWR": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+    }  # fmt: skip
+
+
+def test_the_model_server_probes_once_and_then_takes_the_kept_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("SR_CACHE_DIR", str(tmp_path))
+    probes = []
+
+    def probe(device, dtype, threads):
+        probes.append((device, dtype, threads))
+        return model_server.linear.KernelChoice("blas", "probed")
+
+    monkeypatch.setattr(model_server, "_probe_in_child", probe)
+    first = model_server._host_choice(CPU, torch.float32, 2)
+    again = model_server._host_choice(CPU, torch.float32, 2)
+    other_count = model_server._host_choice(CPU, torch.float32, 1)
+    assert first == model_server.linear.KernelChoice("blas", "probed")
+    assert again == model_server.linear.KernelChoice("blas", "probed (probed at an earlier start)")
+    assert other_count.reason == "probed"
+    assert probes == [(CPU, torch.float32, 2), (CPU, torch.float32, 1)]
