@@ -266,6 +266,11 @@ def http_client(target: str):
     class TcpPool(Http1Pool):
         """The router's front door is TCP; sr's own hop client speaks only Unix sockets."""
 
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            # The router answers only the Host names of its listener (sr.router.guard).
+            self._host_header = f"{host}:{port}".encode()
+
         async def _open_stream(self):
             return await trio.open_tcp_stream(host, int(port))
 
