@@ -17,10 +17,12 @@ milliseconds, cut down as TEI cuts them, and counts. What each means here:
   pair counts the query once per document, as it is tokenized; token-id input counts none).
 
 On the wire: a worker answers one header, `x-sr-timing: TOTAL TOKENIZATION QUEUE INFERENCE
-TOKENS CHARACTERS` (six whole numbers), not TEI's seven: the router reads it once for its
-metrics and its access log, and writes TEI's seven headers only on TEI's routes, whose
-clients read them (sr.router.tei). Every other answer carries none: each header is parsed,
-checked and written on every hop and answer, and nobody reads them there.
+TOKENS CHARACTERS` (six whole numbers, the times in microseconds, so that the router's
+histograms and bench/bench_stages.py see a 5 ms request's parts), not TEI's seven: the
+router reads it once for its metrics and its access log, and writes TEI's seven headers
+only on TEI's routes, whose clients read them (sr.router.tei). Every other answer carries
+none: each header is parsed, checked and written on every hop and answer, and nobody reads
+them there.
 
 How the numbers get here without touching each task's signature: `handle` opens a
 `RequestTiming` for a POST route (a context manager that sets the `current()` context
@@ -121,22 +123,22 @@ class RequestTiming:
         now = time.perf_counter() if now is None else now
         reached = now if self.reached_engine is None else self.reached_engine
         return TIMING_HEADER, b"%d %d %d %d %d %d" % (
-            _ms(now - self.started),
-            _ms(reached - self.started),
-            _ms(self.queue_s),
-            _ms(self.inference_s),
+            _us(now - self.started),
+            _us(reached - self.started),
+            _us(self.queue_s),
+            _us(self.inference_s),
             self.tokens,
             self.characters,
         )
 
 
 class WorkerTiming(NamedTuple):
-    """A worker's `x-sr-timing`, as the router reads it (milliseconds and counts)."""
+    """A worker's `x-sr-timing`, as the router reads it (microseconds and counts)."""
 
-    total_ms: int
-    tokenization_ms: int
-    queue_ms: int
-    inference_ms: int
+    total_us: int
+    tokenization_us: int
+    queue_us: int
+    inference_us: int
     tokens: int
     characters: int
 
@@ -153,15 +155,16 @@ class WorkerTiming(NamedTuple):
         return cls(*map(int, fields))
 
     def tei_headers(self) -> list[tuple[bytes, bytes]]:
-        """TEI's seven timing headers, in HEADER_NAMES order."""
-        total = b"%d" % self.total_ms
+        """TEI's seven timing headers, in HEADER_NAMES order: whole milliseconds, cut down
+        as TEI's Duration::as_millis() cuts them, never rounded up."""
+        total = b"%d" % (self.total_us // 1000)
         values = (
-            total, b"%d" % self.tokens, total, b"%d" % self.tokenization_ms,
-            b"%d" % self.queue_ms, b"%d" % self.inference_ms, b"%d" % self.characters,
+            total, b"%d" % self.tokens, total, b"%d" % (self.tokenization_us // 1000),
+            b"%d" % (self.queue_us // 1000), b"%d" % (self.inference_us // 1000),
+            b"%d" % self.characters,
         )  # fmt: skip
         return list(zip(_HEADER_BYTES, values, strict=True))
 
 
-def _ms(seconds: float) -> int:
-    # TEI sends Duration::as_millis(): whole milliseconds, cut down, never rounded up.
-    return max(0, int(seconds * 1000.0))
+def _us(seconds: float) -> int:
+    return max(0, int(seconds * 1_000_000.0))
