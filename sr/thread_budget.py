@@ -1,4 +1,4 @@
-"""Thread budgets from the environment (SPEC section 7), without importing torch.
+"""Thread budgets from the environment, without importing torch.
 
 sr.settings parses the variables with these functions, once per process, so that the router
 sizes its workers and refuses bad settings before any worker starts, and the worker applies

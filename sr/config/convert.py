@@ -54,7 +54,7 @@ def _make_converter() -> cattrs.Converter:
 
 
 def _in_field_order(cls: type, unstructure):
-    # cattrs emits omit-if-default fields after the others; the dump keeps SPEC order.
+    # cattrs emits omit-if-default fields after the others; the dump keeps the schema's field order.
     order = [yaml_key(f) for f in attrs.fields(cls)]
 
     def hook(obj):

@@ -1,6 +1,6 @@
 """YAML <-> attrs for the canonical config: parse, validate, dump, atomic write.
 
-The canonical dump is what `sr serve` writes: SPEC section 3 key order, `global` as the
+The canonical dump is what `sr serve` writes: the schema's field order, `global` as the
 key, optional fields that are null left out, block style, sequences indented. Loading a
 canonical file and dumping it again gives the same bytes.
 """
@@ -45,7 +45,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 class _CanonicalDumper(yaml.SafeDumper):
-    """Indents sequences under their key, as the SPEC's example does."""
+    """Indents sequences under their key, as the documented examples do."""
 
     def increase_indent(self, flow=False, indentless=False):
         return super().increase_indent(flow, False)

@@ -1,4 +1,4 @@
-"""Placement rules of `sr serve` (SPEC section 2): CLI flags -> a new canonical config.
+"""Placement rules of `sr serve`: CLI flags -> a new canonical config.
 
 Pure: every input (config, flags, GPU inventory, environment with the visibility masks)
 is an argument, and the result is a new `SrConfig`; the caller validates and writes it.

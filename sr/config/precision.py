@@ -1,4 +1,4 @@
-"""Which precision a worker serves: the rule behind `dtype: auto` (issue 16, item 3).
+"""Which precision a worker serves: the rule behind `dtype: auto`.
 
 An explicit dtype (float32, bfloat16, float16) is always what is served. `auto`, the
 worker's default, lets the profile decide on the host the worker runs on:

@@ -1,4 +1,4 @@
-"""The canonical config resource (SPEC section 3) as attrs classes.
+"""The canonical config resource as attrs classes.
 
 These classes are the in-memory form every other module reads. Loading, dumping and
 validation live in `sr.config.load`; placement rules (CLI flags -> replicas) in

@@ -1,4 +1,4 @@
-"""Backoff rules (SPEC section 5), pure: they take `now` and return times.
+"""Backoff rules, pure: they take `now` and return times.
 
 * Request backoff: a `failed` or `timeout` outcome takes the replica out of dispatch for
   0.1 s, doubling per consecutive bad outcome up to 3.2 s; an `ok` clears it.

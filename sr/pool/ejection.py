@@ -1,4 +1,4 @@
-"""Outlier ejection (SPEC section 6): which timeouts eject a replica, and for how long.
+"""Outlier ejection: which timeouts eject a replica, and for how long.
 
 Rules, each enforced in exactly one place below:
 

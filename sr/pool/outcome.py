@@ -1,4 +1,4 @@
-"""Outcomes of one dispatched exchange (SPEC section 5): how an answer's status, and the
+"""Outcomes of one dispatched exchange: how an answer's status, and the
 one place how a transport failure (sr.errors.TransportError, typed by phase), map onto them."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def worker_argv(
 
 def incompatibility(deployment: Deployment, card: dict) -> str | None:
     """Why a worker's card does not match the deployment's artifact, pinned revision or
-    engine caps, or None (SPEC section 3: all replicas share them). A card that does not
+    engine caps, or None (all replicas of a deployment share them). A card that does not
     mention a field is not held against the worker."""
     served = card.get("artifact") or card.get("id")
     if served is not None and str(served).rstrip("/") != deployment.artifact.rstrip("/"):

@@ -1,4 +1,4 @@
-"""Supervisor and `open_router`: the embedding API of the pool (SPEC sections 5, 8, 9).
+"""Supervisor and `open_router`: the embedding API of the pool.
 
 Supervision tree: the Supervisor nursery holds one DeploymentPool task per deployment;
 each pool's nursery holds one ReplicaRunner task per replica, and one DiscoveryGroup task

@@ -1,4 +1,4 @@
-"""Typed views of the pool for everyone outside it: the inventory (SPEC section 8).
+"""Typed views of the pool for everyone outside it: the inventory.
 
 The pool builds them at one instant (`Supervisor.inventory()`: each deployment pool, replica
 record and discovery group describes itself); the HTTP routes, the metrics, `sr inventory`

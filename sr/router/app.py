@@ -1,4 +1,4 @@
-"""The router's HTTP front end: one plain ASGI callable (SPEC section 8).
+"""The router's HTTP front end: one plain ASGI callable.
 
 Native routes parse the JSON body once, check `model`, pick the deployment, and hand the
 caller's bytes to the pool (`Supervisor.request_raw`) untouched; the worker's answer comes

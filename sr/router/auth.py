@@ -1,4 +1,4 @@
-"""Bearer API keys on the listener (SPEC section 8).
+"""Bearer API keys on the listener.
 
 Every configured key is compared with `hmac.compare_digest`, without stopping at the first
 match, so the time taken does not tell a caller how close a guess came or which key matched.

@@ -1,4 +1,4 @@
-"""Router-side result cache for single-worker deployments (SPEC section 5).
+"""Router-side result cache for single-worker deployments.
 
 A deterministic encoder gives the same answer to the same request, so a single-worker
 deployment can answer repeats without a forward. The key is the route plus the canonical

@@ -1,4 +1,4 @@
-"""`sr serve` runtime and the embeddable `serve` (SPEC section 9).
+"""`sr serve` runtime and the embeddable `serve`.
 
 `serve(config)` binds its listener first (a port that is taken, a host that does not
 resolve: one StartupFailed naming the address and the cause, before any worker starts),

@@ -8,7 +8,7 @@ binding, and a single place where "what is the device doing now" has an answer. 
 fed through a queue; results come back to Trio through the run's TrioToken.
 
 A caller that is cancelled stops waiting, but the work already queued still runs: a forward
-may finish after its caller gave up (SPEC 5, admission).
+may finish after its caller gave up (admission counts it until then).
 """
 
 from __future__ import annotations
