@@ -7,8 +7,9 @@ Rules:
   `DEFAULT_START`. GPU replicas are always spawned (see `start_method`).
 * One fork server per run folder (one per router), shared by its replicas: each managed
   runner holds a lease (`lease_fork_server`) for as long as it runs; the last lease out
-  closes the control channel and the server exits. It is started lazily, by the first
-  worker start that needs it.
+  closes the control channel and the server exits. It is started by the first worker
+  start that needs it, or adopted then: `sr serve` starts it before the router's own code
+  is imported (sr.pool.fork_start).
 * A forked worker is not our child, so `ForkedWorker` gets from the server what waitpid
   would give: the exit status (`returncode`, negative for a signal). Signals go through the
   pidfd the server sent (pidfd_send_signal), which names that process and never a later
