@@ -63,12 +63,6 @@ if TYPE_CHECKING:
 else:
     # Hidden from type checkers: a module __getattr__ would make every misspelt name
     # (`sr.open_routr`) type-check as a valid attribute.
-    def __getattr__(name: str) -> object:
-        module_name = _LAZY.get(name)
-        if module_name is None:
-            raise AttributeError(f"module 'sr' has no attribute {name!r}")
-        import importlib
+    from sr.lazy_names import names_from as _names_from
 
-        value = getattr(importlib.import_module(module_name), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _names_from(__name__, _LAZY, globals())

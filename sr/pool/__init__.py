@@ -43,12 +43,6 @@ if TYPE_CHECKING:
 else:
     # Hidden from type checkers, as in sr/__init__.py: a module __getattr__ would make every
     # misspelt name type-check.
-    def __getattr__(name: str) -> object:
-        module_name = _LAZY.get(name)
-        if module_name is None:
-            raise AttributeError(f"module 'sr.pool' has no attribute {name!r}")
-        import importlib
+    from sr.lazy_names import names_from as _names_from
 
-        value = getattr(importlib.import_module(module_name), name)
-        globals()[name] = value
-        return value
+    __getattr__ = _names_from(__name__, _LAZY, globals())
