@@ -43,17 +43,21 @@ async def read_body(
     content_length: bytes | None,
     max_bytes: int,
     timeout_s: float = BODY_READ_TIMEOUT_S,
+    extensions: dict | None = None,
 ) -> bytes:
     """The whole request body, through sr.http.body (the one body reader). RequestTooLarge
     as soon as it is known to exceed max_bytes, BodyReadTimeout if it is not complete within
-    timeout_s, ClientDisconnected if the caller went away."""
+    timeout_s, ClientDisconnected if the caller went away. `extensions`: the scope's, for
+    the server's COMPLETE_BODY_EXTENSION where it offers one."""
     declared = None
     if content_length is not None:
         try:
             declared = int(content_length)
         except ValueError:
             raise InvalidRequest("Content-Length header is not an integer") from None
-    return await body_reader.read_body(receive, declared, max_bytes, timeout_s)
+    complete = extensions.get(body_reader.COMPLETE_BODY_EXTENSION) if extensions else None
+    take = complete["take"] if complete else None
+    return await body_reader.read_body(receive, declared, max_bytes, timeout_s, take)
 
 
 async def serve_lifespan(receive: Receive, send: Send) -> None:

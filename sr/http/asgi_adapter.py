@@ -30,6 +30,7 @@ import trio
 
 from sr.errors import RequestError
 from sr.http import hang_up
+from sr.http.body import COMPLETE_BODY_EXTENSION
 from sr.http.connection import CLOSED, END, NEED_DATA, State
 from sr.http.driver import Connection, PeerGone, Response, error_answer
 from sr.http.parse import RequestHead
@@ -113,8 +114,10 @@ class AsgiAdapter:
             "client": None,
             "server": None,
         }
+        extensions: dict = {COMPLETE_BODY_EXTENSION: {"take": exchange.take_complete_body}}
         if isinstance(connection.stream, trio.SocketStream):
-            scope["extensions"] = {hang_up.EXTENSION: {"watch": exchange.watch_for_hang_up}}
+            extensions[hang_up.EXTENSION] = {"watch": exchange.watch_for_hang_up}
+        scope["extensions"] = extensions
         return await exchange.run(self.app, scope)
 
 
@@ -160,6 +163,15 @@ class _Exchange:
             await self.connection.linger()
             return False
         return True  # if the connection's state allows it (sr.http.connection, rule 4)
+
+    def take_complete_body(self) -> bytes | None:
+        """The COMPLETE_BODY_EXTENSION: the whole body if it is here, without waiting; None
+        when `receive` must read it (or a `100 Continue` must be sent first)."""
+        if self.gone or self.over or self.body_done:
+            return None
+        if self.request.expects_continue and not self.finished:
+            return None
+        return self.connection.http.take_complete_body()
 
     @property
     def body_done(self) -> bool:

@@ -26,17 +26,35 @@ from sr.errors import BodyReadTimeout, RequestTooLarge
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
+# An ASGI extension sr's server offers (sr.http.asgi_adapter): `["take"]()` is the whole
+# request body when it is already here, taken without waiting (the usual case: a small
+# body comes with its head), else None, and the body is then read through `receive`. An
+# app that takes it spares the body timeout's cancel scope on most requests.
+COMPLETE_BODY_EXTENSION = "sr.complete_body"
+
+
 class ClientDisconnected(Exception):
     """The caller closed the connection before its request body was complete."""
 
 
 async def read_body(
-    receive: Receive, declared: int | None, max_bytes: int, timeout_s: float
+    receive: Receive,
+    declared: int | None,
+    max_bytes: int,
+    timeout_s: float,
+    take_complete: Callable[[], bytes | None] | None = None,
 ) -> bytes:
     """The whole body from `receive()`; `declared` is its announced length, if any.
-    `timeout_s` of 0 or less: no timeout."""
+    `timeout_s` of 0 or less: no timeout. `take_complete`: the server's
+    COMPLETE_BODY_EXTENSION, tried first."""
     if declared is not None and declared > max_bytes:
         raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+    if take_complete is not None:
+        whole = take_complete()
+        if whole is not None:
+            if len(whole) > max_bytes:
+                raise RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+            return whole
     chunks: list[bytes] = []
     size = 0
     with trio.move_on_after(timeout_s if timeout_s > 0 else math.inf):

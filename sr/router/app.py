@@ -313,7 +313,10 @@ class RouterApp:
                 scope, b"content-length", TIMEOUT_HEADER
             )
             timeout_s = parse_timeout_header(timeout_value)
-            raw = await read_body(receive, content_length, self.max_body_bytes, self.body_timeout_s)
+            raw = await read_body(
+                receive, content_length, self.max_body_bytes, self.body_timeout_s,
+                scope.get("extensions"),
+            )  # fmt: skip
             request = front.parse(raw)
             deployment = self._deployment_for(request.model)
             scope[DEPLOYMENT_SCOPE_KEY] = deployment

@@ -7,8 +7,10 @@ from contextlib import asynccontextmanager
 
 import h11
 import trio
+import trio.testing
 
 from sr.http.asgi_adapter import AsgiAdapter
+from sr.http.body import COMPLETE_BODY_EXTENSION
 from sr.http.limits import HttpLimits
 from sr.http.server import H1Server
 
@@ -342,3 +344,38 @@ async def test_the_apps_lifespan_shutdown_runs_to_its_end():
             assert events == ["startup"]
             stop.set()
     assert events == ["startup", "shutdown"]
+
+
+async def test_a_body_that_came_with_its_head_is_taken_whole_and_a_trickled_one_is_not():
+    """The sr.complete_body extension (sr.http.body): the whole body at once when it is
+    here, so the app need not time its read; None when it is still coming, and then
+    `receive` reads it as usual."""
+    seen: list[bytes | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            return
+        seen.append(scope["extensions"][COMPLETE_BODY_EXTENSION]["take"]())
+        body = seen[-1]
+        if body is None:
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    with trio.fail_after(5):
+        async with served(app) as (port, _):
+            client = await connect(port)
+            await client.stream.send_all(post("/x", b'{"a": 1}'))
+            assert (await client.answer())[2] == b'{"a": 1}'
+            head = post("/x", b'{"b": 2}')
+            await client.stream.send_all(head[:-4])  # the head and the body's start
+            await trio.testing.wait_all_tasks_blocked()
+            await client.stream.send_all(head[-4:])
+            assert (await client.answer())[2] == b'{"b": 2}'
+            await client.stream.aclose()
+    assert seen == [b'{"a": 1}', None]
