@@ -47,6 +47,7 @@ Needs onnxruntime and onnx (pip install '.[bench]').
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
@@ -73,6 +74,9 @@ THROUGHPUT_TARGET_1T = 1.2  # sr texts/s over ORT's, at least (1 thread)
 BF16_THROUGHPUT_TARGET_1T = 2.0  # sr bf16 (the throughput profile) over ORT fp32, at least
 BF16_MIN_COSINE = 0.999  # sr bf16's least cosine to float32 on the golden set, at least
 LATENCY_TARGET = 1.0  # sr ms over ORT's, at most
+# One text through `sr serve` (either engine) over ORT's forward in process, at most (1 thread)
+SERVE_SHORT_TARGET = 1.3
+SERVE_MEDIUM_TARGET = 1.15
 
 
 # -- the ONNX model --------------------------------------------------------------------------
@@ -277,6 +281,16 @@ def agreement(
     }
 
 
+class _SrEmbedder:
+    """An sr model in the place of an OrtEmbedder for `agreement` (its vectors as numpy)."""
+
+    def __init__(self, model, limit: int):
+        self.model, self.limit = model, limit
+
+    def embed_ids(self, batch: list[list[int]]) -> np.ndarray:
+        return self.model.embed(batch).numpy()
+
+
 # -- timing --------------------------------------------------------------------------------
 
 
@@ -359,7 +373,9 @@ def child_main(spec: dict) -> None:
         from sr.models import load_model
         from sr.worker.placement import placement_for
 
-        model = load_model(Path(spec["folder"]), dtype=spec["dtype"])
+        model = load_model(
+            Path(spec["folder"]), dtype=spec["dtype"], engine=spec.get("engine", "torch")
+        )
         model.calibrate_threads()
         forward = engine_embed(model, spec["limit"])
         # as a worker places its OpenMP peers (sr.worker.service), unless this is the control
@@ -474,9 +490,17 @@ async def measure(sides: dict[str, Side], tokenizer, args, serial: list[int]) ->
 
 
 def targets(threads: int, cases: dict, side: str) -> list[dict]:
-    """Issue 16's targets that apply at this thread count, read on the ratio of medians."""
+    """The targets that apply to `side` at this thread count, read on the ratio of medians:
+    the engine in process against ORT's throughput and latency; one text through `sr
+    serve` against ORT's forward in process (the single-request path's)."""
     wanted = []
-    if side == "sr_bf16":  # the throughput profile: 1 thread only
+    if side in ("sr_serve", "sr_serve_ort"):
+        if threads == 1:
+            wanted = [
+                ("single_short", "latency_ratio", "<=", SERVE_SHORT_TARGET),
+                ("single_medium", "latency_ratio", "<=", SERVE_MEDIUM_TARGET),
+            ]
+    elif side == "sr_bf16":  # the throughput profile: 1 thread only
         if threads == 1:
             wanted = [("batch32_medium", "throughput_ratio", ">=", BF16_THROUGHPUT_TARGET_1T)]
     elif threads == 1:
@@ -512,6 +536,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--out", default="onnx", help="bench/results/<OUT>.json")
     parser.add_argument(
+        "--no-ort-engine", dest="ort_engine", action="store_false",
+        help="skip sr's onnxruntime engine (sr_ort in process, sr_serve_ort)",
+    )  # fmt: skip
+    parser.add_argument(
         "--isolate", action="store_true",
         help="run sr and each ORT graph in a process of its own (no shared cores' spinning)",
     )  # fmt: skip
@@ -538,6 +566,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_model(folder)
     limit = model.max_seq_length or model.max_position_embeddings
     model_bf16 = load_model(folder, dtype="bfloat16") if args.bf16 else None
+    # the onnxruntime engine (sr.models.onnx_engine): its graph exported now or kept
+    model_ort = load_model(folder, engine="onnxruntime") if args.ort_engine else None
     serial = [0]
     by_threads = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-onnx-") as tmp:
@@ -560,6 +590,11 @@ def main(argv: list[str] | None = None) -> dict:
                 check[name] = agreement(model, embedder, varied_texts(), limit)
                 check[name]["batch32_medium"] = agreement(model, embedder, batch_texts, limit)
             sides = {"sr": in_process(engine_embed(model, limit))}
+            if model_ort is not None:
+                # the same function as sr's torch engine, within its export's tolerance
+                check["sr_ort_engine"] = agreement(model, _SrEmbedder(model_ort, limit),
+                                                   varied_texts(), limit)  # fmt: skip
+                sides["sr_ort"] = in_process(engine_embed(model_ort, limit))
             bf16 = None
             if model_bf16 is not None:
                 bf16 = bf16_deviation(
@@ -572,6 +607,8 @@ def main(argv: list[str] | None = None) -> dict:
                 # the same engines, each in a process of its own (checked above in this one)
                 base = {"threads": threads, "folder": str(folder), "limit": limit}
                 specs = {"sr": {**base, "kind": "sr", "dtype": "float32"}}
+                if model_ort is not None:
+                    specs["sr_ort"] = {**specs["sr"], "engine": "onnxruntime"}
                 if args.unplaced:
                     specs["sr_unplaced"] = {**specs["sr"], "place": False}
                 if model_bf16 is not None:
@@ -584,17 +621,18 @@ def main(argv: list[str] | None = None) -> dict:
             async def run(sides=sides, threads=threads) -> dict:
                 if not args.serve:
                     return await measure(sides, model.tokenizer, args, serial)
-                with ServeProcess(artifact, workdir, threads=threads) as serve:
-                    client = http_client(serve.url)
-                    try:
-                        return await measure(
-                            {**sides, "sr_serve": served(client, serve)},
-                            model.tokenizer,
-                            args,
-                            serial,
+                engines = ["torch", *(["onnxruntime"] if model_ort is not None else [])]
+                with contextlib.ExitStack() as stack:
+                    served_sides = {}
+                    for engine in engines:
+                        serve = stack.enter_context(
+                            ServeProcess(artifact, workdir, threads=threads, engine=engine)
                         )
-                    finally:
-                        await client.aclose()
+                        client = http_client(serve.url)
+                        stack.push_async_callback(client.aclose)
+                        name = "sr_serve" if engine == "torch" else "sr_serve_ort"
+                        served_sides[name] = served(client, serve)
+                    return await measure({**sides, **served_sides}, model.tokenizer, args, serial)
 
             try:
                 cases = trio.run(run)
@@ -607,7 +645,7 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["bf16"] = bf16
             entry["targets"] = {
                 side: targets(threads, cases, side)
-                for side in ("sr", "sr_bf16", "sr_serve")
+                for side in ("sr", "sr_ort", "sr_bf16", "sr_serve", "sr_serve_ort")
                 if f"{side}_vs_ort" in cases["single_short"]
             }
             if bf16 is not None and threads == 1:
@@ -705,8 +743,10 @@ def _print_threads(entry: dict) -> None:
         for s in (
             "sr",
             "sr_unplaced",
+            "sr_ort",
             "sr_bf16",
             "sr_serve",
+            "sr_serve_ort",
             *(k for k in first if k.startswith("ort_")),
         )
         if s in first

@@ -105,10 +105,12 @@ class ServeProcess:
         threads: int = 1,
         pythonpath: str | None = None,
         kernel: str | None = None,
+        engine: str | None = None,
     ):
         """`pythonpath`: the tree whose `sr` serves (default this checkout's, as
         `_pythonpath`); bench_memory passes a baseline revision's tree. `kernel`: the
-        deployment's `kernel` (None: left out, the host's probe picks)."""
+        deployment's `kernel` (None: left out, the host's probe picks). `engine`: the
+        deployment's `engine` (None: left out, torch)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / f"config-{self.port}.yaml"
@@ -117,6 +119,7 @@ class ServeProcess:
             "global:\n  model_catalog:\n    deployments:\n      primary:\n"
             f"        artifact: {json.dumps(artifact)}\n        replicas: [{rows}]\n"
             + (f"        kernel: {kernel}\n" if kernel else "")
+            + (f"        engine: {engine}\n" if engine else "")
             + f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
         )
         path = pythonpath or _pythonpath()

@@ -38,6 +38,11 @@ DEFAULT_DTYPE = AUTO_DTYPE
 # `onednn` refuses to start where the probe rejects it.
 KERNELS = ("auto", "onednn", "blas")
 DEFAULT_KERNEL = "auto"
+# What computes the backbone: sr's eager torch families, or ONNX Runtime on a graph exported
+# from them (sr.models.onnx_engine: float32 on the CPU, with the `onnx` extra installed).
+ENGINES = ("torch", "onnxruntime")
+DEFAULT_ENGINE = "torch"
+ONNX_EXTRA_HINT = "pip install 'sr[onnx]'"
 # Devices whose workers refuse float16 (this torch CPU build has no fast float16 matmul).
 FLOAT16_REFUSED_ON = ("cpu",)
 # `sr worker` refuses --max-tokens below this: a row needs room for its special tokens.
@@ -59,6 +64,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     dtype: str = attrs.field(default=DEFAULT_DTYPE, metadata=_OMIT_IF_DEFAULT)
     kernel: str = attrs.field(default=DEFAULT_KERNEL, metadata=_OMIT_IF_DEFAULT)
+    engine: str = attrs.field(default=DEFAULT_ENGINE, metadata=_OMIT_IF_DEFAULT)
 
     def mapped(self) -> dict[str, object]:
         """field -> value for what travels (argv, identity): module docstring's rules."""
@@ -95,6 +101,25 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         else:
             kwargs["default"] = field.default
         parser.add_argument(flag_name(field.name), **kwargs)
+
+
+def onnx_engine_problem(engine: str, dtype: str, kernel: str, devices: list[str]) -> str | None:
+    """Why a deployment cannot run on `engine` (None: it can): onnxruntime serves float32
+    on the CPU and needs its extra; the worker checks it again, and the config names the
+    field."""
+    if engine != "onnxruntime":
+        return None
+    if dtype not in (AUTO_DTYPE, "float32"):
+        return f"engine onnxruntime serves float32 only, not {dtype}"
+    if kernel == "onednn":
+        return "engine onnxruntime runs its torch side on kernel blas, not onednn"
+    if any(device != "cpu" for device in devices):
+        return "engine onnxruntime serves on the cpu device only"
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None:
+        return f"engine onnxruntime needs the onnxruntime package ({ONNX_EXTRA_HINT})"
+    return None
 
 
 def engine_from_flags(args: argparse.Namespace) -> dict[str, object]:

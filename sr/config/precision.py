@@ -56,10 +56,13 @@ def resolve_precision(
     *,
     cpu_flags: frozenset[str] = frozenset(),
     gpu_bf16: bool = False,
+    engine: str = "torch",
 ) -> Precision:
     """The dtype served for `requested` (a dtype or `auto`) under `profile` on `device`."""
     if requested != AUTO_DTYPE:
         return Precision(requested, requested, f"dtype {requested} was asked for")
+    if engine == "onnxruntime":
+        return Precision("float32", requested, "engine onnxruntime serves float32")
     if profile != "throughput":
         return Precision("float32", requested, f"profile {profile} serves float32")
     if device == "cpu":

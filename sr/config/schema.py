@@ -13,9 +13,11 @@ import attrs
 
 from sr.config.engine import (  # noqa: F401 - the engine's constants, read from here too
     DEFAULT_DTYPE,
+    DEFAULT_ENGINE,
     DEFAULT_KERNEL,
     DEPLOYMENT_DTYPES,
     DTYPES,
+    ENGINES,
     FLOAT16_REFUSED_ON,
     KERNELS,
     OVERFLOW_MODES,
@@ -124,6 +126,8 @@ class Deployment:
     dtype: str = attrs.field(default=DEFAULT_DTYPE, metadata={"omit_if_default": True})
     # The kernel of the linear products; omitted from the dump while it is the default.
     kernel: str = attrs.field(default=DEFAULT_KERNEL, metadata={"omit_if_default": True})
+    # What computes the backbone (torch or onnxruntime); omitted while it is the default.
+    engine: str = attrs.field(default=DEFAULT_ENGINE, metadata={"omit_if_default": True})
     # Single-worker shorthand; mutually exclusive with `replicas`.
     device: str | None = None
     endpoint: str | None = None
@@ -143,6 +147,7 @@ class Deployment:
             max_num_batched_tokens=self.max_num_batched_tokens,
             dtype=self.dtype,
             kernel=self.kernel,
+            engine=self.engine,
         )
 
     def placements(self) -> list[Replica]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from sr.config.engine import MIN_MAX_TOKENS
+from sr.config.engine import MIN_MAX_TOKENS, onnx_engine_problem
 from sr.config.schema import (
     DEPLOYMENT_DTYPES,
     DISCOVER_SCHEMES,
     EJECTION_CAP_MS,
+    ENGINES,
     FLOAT16_REFUSED_ON,
     KERNELS,
     MAX_REPLICAS,
@@ -315,6 +316,17 @@ def _check_deployment(dep: Deployment, path: str, issues: list[ConfigIssue]) -> 
                 f"{path}.kernel", f"unknown kernel {dep.kernel!r}; one of {', '.join(KERNELS)}"
             )
         )
+    if dep.engine not in ENGINES:
+        issues.append(
+            ConfigIssue(
+                f"{path}.engine", f"unknown engine {dep.engine!r}; one of {', '.join(ENGINES)}"
+            )
+        )
+    elif not dep.attached:
+        devices = [replica.device or "cpu" for replica in dep.placements()]
+        problem = onnx_engine_problem(dep.engine, dep.dtype, dep.kernel, devices)
+        if problem is not None:
+            issues.append(ConfigIssue(f"{path}.engine", problem))
     budget = dep.max_num_batched_tokens
     max_tokens = dep.input.max_tokens
     if budget is not None and max_tokens is not None and 0 < budget < max_tokens:

@@ -184,7 +184,7 @@ def attention(
     """Self-attention of packed rows: q [T, heads, D], k and v [T, kv_heads, D] (kv_heads
     divides heads) -> context [T, heads * D]. Each row attends to its own tokens only."""
     heads, dim = q.shape[1], q.shape[2]
-    gqa = k.shape[1] != heads
+    gqa = bool(k.shape[1] != heads)
     if packed.uniform:
         n, length = len(packed.lengths), packed.lengths[0]
         ctx = _attend(q, k, v, n, length, scale, causal, mask_for, gqa)
@@ -216,6 +216,17 @@ def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
         # [heads, L, L] as [1, heads, L, L]: SDPA's CPU kernel takes its fast path only
         # for a 4-D mask (measured, MPNet's bias at 122 tokens: 2.46 ms -> 1.04 ms).
         mask = mask.unsqueeze(0)
+    if (gqa or causal) and torch.jit.is_tracing():
+        # What the ONNX exporter cannot write (sr.models.onnx_engine traces this path), as
+        # the same arithmetic: each key/value head repeated for its query heads (it has no
+        # grouped-query SDPA), and the causal mask spelled out (its own one is emitted out
+        # of order, which ORT refuses).
+        if gqa:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            gqa = False
+        if causal and mask is None:
+            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     ctx = F.scaled_dot_product_attention(
         rows(q), rows(k), rows(v), attn_mask=mask, is_causal=causal and mask is None,
         scale=scale, enable_gqa=gqa,
@@ -315,8 +326,12 @@ class Rotary:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as transformers' Llama/Qwen files compute it (in float32)."""
-    variance = x.float().pow(2).mean(-1, keepdim=True)
-    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+    # One float32 view (no cast where x already is one: a traced cast to its own type is
+    # a node ONNX Runtime's optimiser drops and then misses, sr.models.onnx_engine).
+    wide = x if x.dtype == torch.float32 else x.float()
+    variance = wide.pow(2).mean(-1, keepdim=True)
+    normed = wide * torch.rsqrt(variance + eps)
+    return weight * (normed if x.dtype == torch.float32 else normed.to(x.dtype))
 
 
 class PackedEncoder(abc.ABC):

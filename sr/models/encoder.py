@@ -89,6 +89,12 @@ class EncoderModel:
         self._min_tokens = len(empty)
 
     @property
+    def engine_card(self) -> dict:
+        """What computes the backbone (the worker's card): torch, or ONNX Runtime's graph."""
+        card = getattr(self.backbone, "card", None)
+        return card() if card is not None else {"name": "torch", "version": torch.__version__}
+
+    @property
     def kernel_card(self) -> dict[str, str] | None:
         """The kernel serving the backbone's linear products and why (the worker's card)."""
         choice = getattr(self.backbone, "kernel", None)
@@ -281,12 +287,22 @@ def load_model(
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
     kernel: str | None = None,
+    engine: str = "torch",
 ) -> EncoderModel:
     """Load a resolved model folder (see `resolve_artifact`) onto `device`, its weights
     computed in `dtype` (float32, bfloat16 or float16; answers come back float32), its
     linear products on `kernel` ("blas" or "onednn"; None: the one probed for the host,
-    sr.models.linear.choose_kernel)."""
+    sr.models.linear.choose_kernel). `engine` "onnxruntime": the backbone's hidden states
+    come from ONNX Runtime (sr.models.onnx_engine; float32 on the CPU, products of the
+    torch side on BLAS, which the exporter can trace)."""
     folder = Path(path)
+    if engine == "onnxruntime":
+        from sr.models.onnx_engine import check_onnxruntime
+
+        check_onnxruntime()  # before any weight is read: one line naming the extra
+        if torch_dtype(dtype) != torch.float32 or torch_device(device).type != "cpu":
+            raise UnsupportedModel("engine onnxruntime serves float32 on the CPU only")
+        kernel = "blas"
     adapter = open_adapter(folder)  # a LoRA adapter folder on its base, else None
     layout = adapter.layout if adapter else read_layout(folder)
     family = family_for(layout.model_type)
@@ -305,4 +321,9 @@ def load_model(
     tokenizer = load_tokenizer(adapter.tokenizer_dir if adapter else folder)
     model = EncoderModel(folder, layout, backbone, tokenizer, target, kernel, adapter)
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
+    if engine == "onnxruntime":
+        from sr.models.onnx_engine import OrtBackbone, export_graph
+        from sr.settings import host_cache_dir
+
+        model.backbone = OrtBackbone(backbone, export_graph(model, backbone, host_cache_dir()))
     return model

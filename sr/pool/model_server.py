@@ -56,8 +56,9 @@ def preload(argv: list[str]) -> dict:
     if options.device != "cpu":
         raise ValueError(f"only CPU workers are forked, not {options.device}")
     precision = resolve_precision(
-        options.profile, options.dtype, options.device, cpu_flags=cpu_flags(), gpu_bf16=False
-    )
+        options.profile, options.dtype, options.device, cpu_flags=cpu_flags(), gpu_bf16=False,
+        engine=options.engine,
+    )  # fmt: skip
     served = attrs.evolve(options, dtype=precision.dtype)
     fresh_threads = torch.get_num_threads()
     torch.set_num_threads(1)

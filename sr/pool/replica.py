@@ -105,6 +105,10 @@ def incompatibility(deployment: Deployment, card: dict) -> str | None:
     served_kernel = (card.get("kernel") or {}).get("linear")
     if deployment.kernel != DEFAULT_KERNEL and served_kernel not in (None, deployment.kernel):
         return f"kernel: deployment asks for {deployment.kernel}, worker serves {served_kernel}"
+    # A worker from before engines existed states none: it computes with torch.
+    served_engine = (card.get("engine") or {}).get("name")
+    if served_engine is not None and served_engine != deployment.engine:
+        return f"engine: deployment runs {deployment.engine}, worker runs {served_engine}"
     limits = card.get("limits") or {}
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         wanted = getattr(deployment, key)

@@ -12,12 +12,14 @@ import attrs
 
 from sr.config.engine import (
     DEPLOYMENT_DTYPES,
+    ENGINES,
     FLOAT16_REFUSED_ON,
     KERNELS,
     MIN_MAX_TOKENS,
     OVERFLOW_MODES,
     PROFILES,
     EngineArgs,
+    onnx_engine_problem,
 )
 from sr.config.validate import device_error
 from sr.errors import UsageError
@@ -40,7 +42,7 @@ class WorkerOptions(EngineArgs):
         )
 
     @property
-    def engine(self) -> EngineArgs:
+    def engine_args(self) -> EngineArgs:
         return EngineArgs(**{f.name: getattr(self, f.name) for f in attrs.fields(EngineArgs)})
 
     def validate(self) -> None:
@@ -81,3 +83,7 @@ class WorkerOptions(EngineArgs):
                 f"--dtype: float16 is not served on {self.device} (CPU float16 matmul is"
                 " several times slower than float32); use bfloat16 or float32"
             )
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if problem := onnx_engine_problem(self.engine, self.dtype, self.kernel, [self.device]):
+            raise UsageError(f"--engine: {problem}")

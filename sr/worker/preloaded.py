@@ -3,7 +3,7 @@
 A deployment's fork server (sr.pool.model_server) loads and packs the model once and
 offers it here; the replicas it forks claim it at load (sr.worker.service), so its pages
 stay shared between them. A worker claims it only when the options it loads with match
-those it was loaded for (artifact, revision, device, dtype served, kernel); otherwise, and
+those it was loaded for (artifact, revision, device, dtype served, kernel, engine); otherwise, and
 in any process nothing was offered in, it loads as usual.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-LOAD_FIELDS = ("artifact", "revision", "device", "dtype", "kernel")
+LOAD_FIELDS = ("artifact", "revision", "device", "dtype", "kernel", "engine")
 
 _offered: tuple[tuple, Any] | None = None
 

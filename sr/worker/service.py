@@ -70,7 +70,9 @@ def load_from_artifact(options: WorkerOptions):
 
     path = resolve_artifact(options.artifact, options.revision)
     kernel = None if options.kernel == DEFAULT_KERNEL else options.kernel
-    return load_model(path, device=options.device, dtype=options.dtype, kernel=kernel)
+    return load_model(
+        path, device=options.device, dtype=options.dtype, kernel=kernel, engine=options.engine
+    )
 
 
 def default_golden_check(model):
@@ -105,6 +107,7 @@ class WorkerService:
             options.device,
             cpu_flags=cpu_flags() if host_cpu_flags is None else host_cpu_flags,
             gpu_bf16=_gpu_bf16(options.device),
+            engine=options.engine,
         )
         self.events = events or EventSink()
         self.metrics = WorkerMetrics()
@@ -425,6 +428,8 @@ class WorkerService:
             "precision": self.precision.card(),  # the dtype served, as asked, and why
             # the kernel of the linear products (oneDNN packed or BLAS) and why
             "kernel": getattr(model, "kernel_card", None),
+            # what computes the backbone: torch, or ONNX Runtime's exported graph
+            "engine": getattr(model, "engine_card", None),
             "state": self.state,
             "reason": self.reason,
             "limits": engine.limits.card() if engine else None,

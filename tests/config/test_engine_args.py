@@ -38,7 +38,7 @@ def _worker_args(argv: list[str]) -> list[str]:
 def test_the_worker_parses_back_exactly_the_engine_args_the_pool_wrote(engine, threads):
     argv = ["worker", *engine.argv(), "--device", "cuda:3", "--threads", str(threads)]
     command = parse_command([*_worker_args(argv), "--uds", "/run/w.sock"])
-    assert command.options.engine == engine
+    assert command.options.engine_args == engine
     assert command.options == WorkerOptions.serving(engine, device="cuda:3", threads=threads)
 
 
@@ -55,7 +55,7 @@ def test_a_deployments_engine_args_travel_through_worker_argv():
     )
     argv = worker_argv(dep, "cpu", 3, "/run/w.sock")
     options = parse_command(_worker_args(argv)).options
-    assert options.engine == dep.engine_args()
+    assert options.engine_args == dep.engine_args()
     assert (options.device, options.threads) == ("cpu", 3)
 
 
@@ -65,7 +65,7 @@ def test_defaults_marked_omit_if_default_stay_out_of_the_argv():
     assert " ".join(argv) == "--artifact org/m --profile exact --overflow reject"
     assert "--max-tokens 384" in " ".join(EngineArgs(artifact="org/m", max_tokens=384).argv())
     fields = {f.name for f in attrs.fields(EngineArgs) if f.metadata.get("omit_if_default")}
-    assert fields == {"dtype", "kernel"}
+    assert fields == {"dtype", "kernel", "engine"}
 
 
 @pytest.mark.parametrize("device", ["cuda:01", "cuda:12345", "gpu:0", "cuda"])
