@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if not args.serve:
                     return await measure(sides, model.tokenizer, args, serial)
                 engines = ["torch", *(["onnxruntime"] if model_ort is not None else [])]
-                with contextlib.ExitStack() as stack:
+                async with contextlib.AsyncExitStack() as stack:
                     served_sides = {}
                     for engine in engines:
                         serve = stack.enter_context(

@@ -23,7 +23,8 @@ Rules:
 * Cache: the kept graph is written under sr.settings.host_cache_dir (`onnx/`), keyed by
   the weights' digest (an adapter's and its base's), config.json, the family, torch's and
   ORT's versions and EXPORT_VERSION; a later load of the same key skips export, fusion
-  and verification. `SR_CACHE_DIR=off`: exported into a temporary folder at every load.
+  and verification. `SR_CACHE_DIR=off`: exported at every load into a temporary folder,
+  removed once the graph is read into memory.
 * Rows: every row is one ORT run, so a row's answer never depends on the rows beside it
   (the worker's batching probe still checks it). The session is made in the process that
   runs it, on its first forward, with intra-op threads = torch's thread count there (the
@@ -102,7 +103,7 @@ class _BackboneGraph(torch.nn.Module):
 
 @attrs.frozen
 class ExportedGraph:
-    path: Path
+    model: Path | bytes  # the kept file, or (with the cache off) the graph itself
     graph: str  # "fused" or "plain"
     source: str  # "exported" or "cached"
     seconds: float  # export, fusion and verification; 0 when cached
@@ -129,7 +130,11 @@ def export_graph(model, backbone, cache_dir: Path | None) -> ExportedGraph:
     """The verified ONNX graph of `model`'s backbone: kept, or made now in a child process
     (`main`), which imports onnxruntime where this process never does."""
     key = cache_key(model, backbone)
-    folder = cache_dir / "onnx" if cache_dir is not None else Path(tempfile.mkdtemp())
+    if cache_dir is None:  # the cache is off: made in a temporary folder, held in memory
+        with tempfile.TemporaryDirectory(prefix="sr-onnx-") as folder:
+            made = _export_in_child(model, Path(folder) / f"{key}.onnx")
+            return attrs.evolve(made, model=made.model.read_bytes())
+    folder = cache_dir / "onnx"
     kept, sidecar = folder / f"{key}.onnx", folder / f"{key}.json"
     if kept.exists() and sidecar.exists():
         try:
@@ -138,6 +143,10 @@ def export_graph(model, backbone, cache_dir: Path | None) -> ExportedGraph:
         except (OSError, ValueError, KeyError):
             pass  # unreadable: export again
     folder.mkdir(parents=True, exist_ok=True)
+    return _export_in_child(model, kept)
+
+
+def _export_in_child(model, kept: Path) -> ExportedGraph:
     command = [sys.executable, "-m", "sr.models.onnx_engine", str(model.artifact_dir), str(kept)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -281,8 +290,9 @@ def _verify(path: Path, backbone) -> tuple[float, str | None]:
     return worst, None
 
 
-def new_session(path: Path, threads: int):
-    """An ORT session on the CPU provider: `threads` intra-op threads, run sequentially."""
+def new_session(model: Path | bytes, threads: int):
+    """An ORT session on the CPU provider over a graph's file or bytes: `threads` intra-op
+    threads, run sequentially."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -290,7 +300,8 @@ def new_session(path: Path, threads: int):
     options.inter_op_num_threads = 1
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3  # warnings about unused initialisers are not the caller's
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 class OrtBackbone:
@@ -314,13 +325,9 @@ class OrtBackbone:
         pid = os.getpid()
         if self._session_pid != pid:
             self._threads = torch.get_num_threads()
-            self._session = new_session(self.exported.path, self._threads)
+            self._session = new_session(self.exported.model, self._threads)
             self._session_pid = pid
         return self._session.run(None, feed)[0]
-
-    def release_session(self) -> None:
-        """Drop this process's session (a fork server, before it forks replicas)."""
-        self._session = self._session_pid = None
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T], one ORT run per row."""

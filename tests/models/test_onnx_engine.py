@@ -97,6 +97,18 @@ def test_the_graph_is_kept_and_a_second_load_reads_it(tmp_path, monkeypatch):
     assert torch.equal(first.embed(rows), second.embed(rows))
 
 
+def test_with_the_cache_off_the_graph_is_held_in_memory_and_nothing_is_left(tmp_path, monkeypatch):
+    monkeypatch.setenv("SR_CACHE_DIR", "off")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    folder = write_reference(tmp_path / "bert", test_families._bert())
+    model = load_model(folder, engine="onnxruntime")
+    assert isinstance(model.backbone.exported.model, bytes)
+    rows = random_rows([3, 30])
+    assert (model.embed(rows) - load_model(folder).embed(rows)).abs().max().item() <= 1e-5
+    assert [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("sr-onnx-")] == []
+
+
 def test_without_onnxruntime_the_engine_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     import importlib.util
 
