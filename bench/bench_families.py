@@ -1,9 +1,9 @@
-"""sr's engine against transformers, per model family, in process, at one thread.
+"""sr's engines against transformers, per model family, in process, at one thread.
 
     python -m bench.bench_families [--families bert mpnet ...] [--head embed|token]
         [--runs 40] [--batch-runs 5] [--layers N] [--device cpu|cuda:0]
         [--dtype float32|bfloat16|float16] [--reference transformers|sentence-transformers]
-        [--models-dir DIR] [--profile] [--out NAME]
+        [--no-ort] [--models-dir DIR] [--profile] [--out NAME]
 
 For each family sr serves (bert, xlm-roberta, mpnet, distilbert, deberta-v2, modernbert,
 qwen3, gemma3_text) a random model of a real checkpoint's widths and head counts, fewer layers
@@ -19,11 +19,24 @@ as EmbeddingGemma's, in float32 as sr applies them; then L2 normalisation). Case
   * batch32: 32 texts of 6 to ~128 tokens, throughput (texts/s): sr packs them into one
     call; transformers pads them to the longest in one batch (right padding; left for
     qwen3, as Qwen3-Embedding's tokenizer), as sentence-transformers' encode does.
-The two implementations alternate run by run after a warm-up, so load from other processes
-hits both alike. Targets (the issue's): sr <= 1.0x the reference's latency on short and
+The sides alternate run by run after a warm-up (the order rotating each run), so load from
+other processes hits them alike. Targets: sr <= 1.0x the reference's latency on short and
 long, >= 1.0x its throughput on batch32, read on the ratio of the medians; `paired` is the
 median of the run-by-run ratios (steadier on a busy host). Each case also reports the max
 abs diff between the two pooled outputs (the same math: under 1e-6 at float32).
+
+A third side, `sr_ort`, is sr's onnxruntime engine on the same folder (`load_model(folder,
+engine="onnxruntime")`: the family's backbone exported to ONNX, the graph kept under
+SR_CACHE_DIR; pooling and heads in torch), timed in the same rotation on the same ids with
+the same method; it runs at `--device cpu --dtype float32` only (skipped with a printed line
+otherwise, or with `--no-ort`). Per case it reports its median, its ratio to sr's torch
+engine (`ort/sr`, of the medians, and `ort paired`, of the run-by-run ratios: ms over ms on
+short and long, lower is better for ORT; texts/s over texts/s on batch32, higher is
+better), and the max abs diff between its output and sr torch's: at most 1e-5 for
+embeddings (a larger one is marked MISSED and the run exits 1), reported only for token
+logits. The engine card's `graph` (fused: ORT's transformer fusions kept; plain) is
+recorded per family; a family whose export is refused (UnsupportedModel) has its sr_ort
+recorded as refused with the message, and the other sides still run.
 
 `--head token` benchmarks the token-classification heads instead, for the families whose sr
 model serves one (bert, xlm-roberta, mpnet, distilbert, deberta-v2, modernbert): the folder
@@ -56,7 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +90,7 @@ from bench.harness import ROOT, print_table, write_result
 
 LATENCY_TARGET = 1.0  # sr ms / reference ms, at most
 THROUGHPUT_TARGET = 1.0  # sr texts/s / reference texts/s, at least
+ORT_EMBED_TOLERANCE = 1e-5  # max abs diff, sr_ort's embeddings against sr torch's
 BATCH = 32
 LONG_TOKENS = 120
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -172,6 +186,19 @@ def load_sr(folder: Path, device: str, dtype: str):
         return load_model(folder, device, dtype=DTYPES[dtype])
 
 
+def load_sr_ort(folder: Path) -> tuple[object | None, dict]:
+    """sr's onnxruntime engine on `folder` (CPU, float32) and what to record of it: its
+    engine card and load time, or `refused` with the message of UnsupportedModel."""
+    from sr.models import UnsupportedModel, load_model
+
+    started = time.perf_counter()
+    try:
+        model = load_model(folder, "cpu", engine="onnxruntime")
+    except UnsupportedModel as error:
+        return None, {"refused": str(error)}
+    return model, {"load_s": round(time.perf_counter() - started, 2)}
+
+
 class Reference:
     """transformers on padded rows: AutoModel's forward + sentence-transformers' pooling
     (`embed`), or AutoModelForTokenClassification's logits of the real tokens
@@ -258,17 +285,17 @@ def st_encode(st, texts: list[str]) -> torch.Tensor:
 # -- timing ---------------------------------------------------------------------------------
 
 
-def alternating(ours: Callable[[], object], theirs: Callable[[], object], runs: int):
-    """Seconds of each run of both, alternating which goes first run by run."""
-    ours_s: list[float] = []
-    theirs_s: list[float] = []
+def alternating(sides: Sequence[Callable[[], object]], runs: int) -> list[list[float]]:
+    """Seconds of each run of every side, one list per side; the order rotates run by run,
+    so each side goes first (and last) as often as the others."""
+    seconds: list[list[float]] = [[] for _ in sides]
     for i in range(runs):
-        pairs = ((ours, ours_s), (theirs, theirs_s))
-        for fn, into in pairs if i % 2 else pairs[::-1]:
+        for k in range(len(sides)):
+            j = (i + k) % len(sides)
             started = time.perf_counter()
-            fn()
-            into.append(time.perf_counter() - started)
-    return ours_s, theirs_s
+            sides[j]()
+            seconds[j].append(time.perf_counter() - started)
+    return seconds
 
 
 def profile_table(fn: Callable[[], object], runs: int = 3, rows: int = 12) -> str:
@@ -304,6 +331,9 @@ def bench_family(name: str, args, workdir: Path) -> dict:
     st = None
     if use_st or (args.st_check and head.name == EMBED and _have_st()):
         st = load_st(folder, args.device, args.dtype)
+    ort, ort_record = load_sr_ort(folder) if args.ort else (None, {"skipped": args.ort_skip})
+    if ort is not None:
+        ort_record["engine"] = ort.engine_card
 
     texts = make_texts(model.tokenizer)
     result: dict = {
@@ -314,13 +344,24 @@ def bench_family(name: str, args, workdir: Path) -> dict:
         "layers": args.layers or spec.layers,
         "build_s": round(built_s, 1),
         "reference_attn_implementation": reference.attn_implementation if reference else None,
+        "sr_ort": ort_record,
         "cases": {},
     }
     print(f"\n== {name}: {result['config']}", flush=True)
+    if "refused" in ort_record:
+        print(f"  sr_ort refused: {ort_record['refused']}", flush=True)
+    elif ort is not None:
+        card = ort_record["engine"]
+        print(
+            f"  sr_ort: graph {card.get('graph')}, export {card.get('export')}, "
+            f"loaded in {ort_record['load_s']} s",
+            flush=True,
+        )
 
     # The method timed on each side: embed, or token_logits with --head token.
     sr_run = getattr(model, head.method)
     reference_run = getattr(reference, head.method) if reference else None
+    ort_run = getattr(ort, head.method) if ort is not None else None
     for case, case_texts in texts.items():
         ids = model.tokenize(case_texts)
         if use_st:
@@ -330,6 +371,9 @@ def bench_family(name: str, args, workdir: Path) -> dict:
 
             def theirs(t=case_texts):
                 return st_encode(st, t)
+
+            def ours_ort(t=case_texts):
+                return ort.embed(ort.tokenize(t))
         else:
 
             def ours(b=ids):
@@ -338,11 +382,18 @@ def bench_family(name: str, args, workdir: Path) -> dict:
             def theirs(b=ids):
                 return reference_run(b)
 
-        diff = _max_diff(ours(), theirs())
+            def ours_ort(b=ids):
+                return ort_run(b)
+
+        sides = [ours, theirs] if ort is None else [ours, ours_ort, theirs]
+        ours_out = ours()
+        diff = _max_diff(ours_out, theirs())
+        ort_diff = _max_diff(ours_ort(), ours_out) if ort is not None else None
         runs = args.batch_runs if case == "batch32" else args.runs
         warm = max(2, runs // 5)
-        alternating(ours, theirs, warm)
-        ours_s, theirs_s = alternating(ours, theirs, runs)
+        alternating(sides, warm)
+        timed = alternating(sides, runs)
+        ours_s, theirs_s = timed[0], timed[-1]
         sr_ms, ref_ms = statistics.median(ours_s) * 1e3, statistics.median(theirs_s) * 1e3
         lengths = [len(row) for row in ids]
         entry = {
@@ -372,14 +423,25 @@ def bench_family(name: str, args, workdir: Path) -> dict:
             entry["ratio"] = round(sr_ms / ref_ms, 3)
             entry["target"] = f"<= {LATENCY_TARGET}"
             entry["met"] = entry["ratio"] <= LATENCY_TARGET
+        if ort is not None:
+            entry.update(_ort_entry(case, len(ids), ours_s, timed[1], ort_diff, head))
         result["cases"][case] = entry
         print(
             f"  {case}: {entry['tokens']} tokens, sr {sr_ms:.2f} ms, reference {ref_ms:.2f} ms, "
             f"ratio {entry['ratio']} (paired {entry['paired_ratio']}), max abs diff {diff:.2e}",
             flush=True,
         )
+        if ort is not None:
+            print(
+                f"  {case}: sr_ort {entry['sr_ort_ms']:.2f} ms, ort/sr {entry['ort_ratio']} "
+                f"(paired {entry['ort_paired_ratio']}), max abs diff to sr {ort_diff:.2e}",
+                flush=True,
+            )
         if args.profile:
-            for side, fn in (("sr", ours), ("reference", theirs)):
+            profiled = [("sr", ours), ("reference", theirs)]
+            if ort is not None:
+                profiled.insert(1, ("sr_ort", ours_ort))
+            for side, fn in profiled:
                 print(f"\n-- profile {name} {case} {side} (3 runs)\n{profile_table(fn)}")
 
     if st is not None and not use_st:
@@ -396,6 +458,33 @@ def bench_family(name: str, args, workdir: Path) -> dict:
             flush=True,
         )
     return result
+
+
+def _ort_entry(
+    case: str, texts: int, sr_s: list[float], ort_s: list[float], diff: float, head: Head
+) -> dict:
+    """sr_ort's fields of a case: its times, its ratio to sr torch's (ms over ms on short
+    and long; texts/s over texts/s on batch32, as the reference's ratio reads) and the max
+    abs diff of its output to sr torch's (checked against ORT_EMBED_TOLERANCE for
+    embeddings, reported only for token logits)."""
+    sr_ms, ort_ms = statistics.median(sr_s) * 1e3, statistics.median(ort_s) * 1e3
+    pairs = [o / t for o, t in zip(ort_s, sr_s, strict=True)]
+    entry: dict = {
+        "sr_ort_ms": round(ort_ms, 3),
+        "sr_ort_ms_all": [round(v * 1e3, 3) for v in ort_s],
+        "ort_max_abs_diff_to_sr": diff,
+    }
+    if case == "batch32":
+        entry["sr_ort_texts_per_s"] = round(texts / (ort_ms / 1e3), 1)
+        entry["ort_ratio"] = round(sr_ms / ort_ms, 3)
+        entry["ort_paired_ratio"] = round(statistics.median(1 / p for p in pairs), 3)
+    else:
+        entry["ort_ratio"] = round(ort_ms / sr_ms, 3)
+        entry["ort_paired_ratio"] = round(statistics.median(pairs), 3)
+    if head.name == EMBED:
+        entry["ort_diff_target"] = f"<= {ORT_EMBED_TOLERANCE}"
+        entry["ort_diff_met"] = diff <= ORT_EMBED_TOLERANCE
+    return entry
 
 
 def _have_st() -> bool:
@@ -459,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         "--reference", choices=("transformers", "sentence-transformers"), default="transformers"
     )
     parser.add_argument(
+        "--no-ort",
+        dest="ort",
+        action="store_false",
+        help="skip the sr_ort side (sr's onnxruntime engine; run at cpu float32 only)",
+    )
+    parser.add_argument(
         "--no-st-check",
         dest="st_check",
         action="store_false",
@@ -495,6 +590,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference == "sentence-transformers" and not _have_st():
         raise SystemExit("--reference sentence-transformers: pip install '.[bench]' first")
 
+    args.ort_skip = None if args.ort else "--no-ort"
+    if args.ort and (args.device != "cpu" or args.dtype != "float32"):
+        args.ort, args.ort_skip = False, f"--device {args.device} --dtype {args.dtype}"
+        print(
+            f"sr_ort skipped: sr's onnxruntime engine serves float32 on the CPU only, not "
+            f"{args.ort_skip}",
+            flush=True,
+        )
+
     torch.set_num_threads(args.threads)
     quiet_transformers()
     started = time.perf_counter()
@@ -507,13 +611,31 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_family(name, args, models))
 
     rows = []
+    ort_missed = []
     for family in results:
+        ort_record = family["sr_ort"]
+        graph = ort_record.get("engine", {}).get("graph", "")
         for case, c in family["cases"].items():
             if case == "batch32":
                 unit, ours, theirs = "texts/s", c["sr_texts_per_s"], c["reference_texts_per_s"]
+                ort_value = c.get("sr_ort_texts_per_s")
             else:
                 unit, ours, theirs = "ms", c["sr_ms"], c["reference_ms"]
+                ort_value = c.get("sr_ort_ms")
             verdict = "met" if c["met"] else "MISSED"
+            if "sr_ort_ms" in c:
+                ort_cells = (
+                    c["ort_ratio"],
+                    c["ort_paired_ratio"],
+                    f"{c['ort_max_abs_diff_to_sr']:.1e}"
+                    + ("" if c.get("ort_diff_met", True) else " MISSED"),
+                    graph,
+                )
+                if not c.get("ort_diff_met", True):
+                    ort_missed.append(f"{family['family']} {case}")
+            else:
+                ort_value = "refused" if "refused" in ort_record else "skipped"
+                ort_cells = ("", "", "", "")
             rows.append(
                 (
                     family["family"],
@@ -521,11 +643,13 @@ def main(argv: list[str] | None = None) -> int:
                     c["tokens"],
                     unit,
                     ours,
+                    ort_value,
                     theirs,
                     c["ratio"],
                     c["paired_ratio"],
                     f"{c['target']} {verdict}",
                     f"{c['max_abs_diff']:.1e}",
+                    *ort_cells,
                 )
             )
     print()
@@ -533,7 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         f"device {args.device}, {args.dtype}, {args.threads} thread(s), head {args.head}, "
         f"reference {args.reference}; ratio = sr/reference of the medians (ms: lower is "
         "better for sr; texts/s: higher is better); paired = median of the run-by-run "
-        "ratios; the target verdict reads the ratio"
+        "ratios; the target verdict reads the ratio. sr_ort = sr's onnxruntime engine; "
+        "ort/sr = sr_ort over sr torch in the row's unit (ms: lower is better for sr_ort; "
+        "texts/s: higher is better); ort diff = max abs diff of sr_ort's output to sr "
+        f"torch's ({'at most ' + str(ORT_EMBED_TOLERANCE) if head.name == EMBED else 'reported'})"
     )
     header = (
         "family",
@@ -541,13 +668,21 @@ def main(argv: list[str] | None = None) -> int:
         "tokens",
         "unit",
         "sr",
+        "sr_ort",
         "reference",
         "ratio",
         "paired",
         "target",
         "max abs diff",
+        "ort/sr",
+        "ort paired",
+        "ort diff",
+        "graph",
     )
     print_table(header, rows)
+    for family in results:
+        if "refused" in family["sr_ort"]:
+            print(f"sr_ort refused for {family['family']}: {family['sr_ort']['refused']}")
     write_result(
         args.out,
         {
@@ -559,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
             "targets": {
                 "latency_ratio_max": LATENCY_TARGET,
                 "throughput_ratio_min": THROUGHPUT_TARGET,
+                "ort_embed_max_abs_diff": ORT_EMBED_TOLERANCE,
             },
+            "sr_ort": "skipped: " + args.ort_skip if args.ort_skip else "run",
             "versions": _versions(),
             "platform": platform.platform(),
             "sr_models_uncommitted": _sr_tree_state(),
@@ -567,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
             "families": results,
         },
     )
+    if ort_missed:
+        print(
+            f"sr_ort's embeddings differ from sr torch's by more than {ORT_EMBED_TOLERANCE}: "
+            f"{', '.join(ort_missed)}"
+        )
+        return 1
     return 0
 
 
