@@ -172,7 +172,7 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
     heads, dim = encoder.num_heads, encoder.head_dim
     for layer in encoder.layers:
         qkv = layer.qkv(x)
-        q, k, v = (qkv[:tokens] if pad else qkv).view(tokens, 3, heads, dim).unbind(1)
+        q, k, v = (qkv[:tokens] if pad else qkv).view(-1, 3, heads, dim).unbind(1)
         ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
         if pad:
             ctx = F.pad(ctx, (0, 0, 0, pad))

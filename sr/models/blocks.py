@@ -183,12 +183,14 @@ def attention(
 ) -> torch.Tensor:
     """Self-attention of packed rows: q [T, heads, D], k and v [T, kv_heads, D] (kv_heads
     divides heads) -> context [T, heads * D]. Each row attends to its own tokens only."""
-    heads, dim = q.shape[1], q.shape[2]
+    # Plain ints: under the ONNX exporter's trace a size read from a tensor becomes a shape
+    # computation in the graph; these are constants of the model.
+    heads, dim = int(q.shape[1]), int(q.shape[2])
     gqa = bool(k.shape[1] != heads)
     if packed.uniform:
         n, length = len(packed.lengths), packed.lengths[0]
         ctx = _attend(q, k, v, n, length, scale, causal, mask_for, gqa)
-        return ctx.reshape(n * length, heads * dim)
+        return ctx.reshape(-1, heads * dim)
     out = torch.empty(packed.tokens, heads * dim, device=q.device, dtype=q.dtype)
     for length, rows in packed.groups.items():
         n = len(rows)
@@ -209,29 +211,42 @@ def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
     """[n * length, h, D] inputs of n rows of one length -> [n, length, heads, D]."""
 
     def rows(t: torch.Tensor) -> torch.Tensor:
-        return t.view(n, length, t.shape[1], t.shape[2]).transpose(1, 2)
+        # -1 and plain ints: one Reshape with a constant shape in an exported graph
+        return t.view(n, -1, int(t.shape[1]), int(t.shape[2])).transpose(1, 2)
 
     mask = mask_for(length) if mask_for is not None else None
     if mask is not None and mask.dim() == 3:
         # [heads, L, L] as [1, heads, L, L]: SDPA's CPU kernel takes its fast path only
         # for a 4-D mask (measured, MPNet's bias at 122 tokens: 2.46 ms -> 1.04 ms).
         mask = mask.unsqueeze(0)
-    if (gqa or causal) and torch.jit.is_tracing():
-        # What the ONNX exporter cannot write (sr.models.onnx_engine traces this path), as
-        # the same arithmetic: each key/value head repeated for its query heads (it has no
-        # grouped-query SDPA), and the causal mask spelled out (its own one is emitted out
-        # of order, which ORT refuses).
-        if gqa:
-            group = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            gqa = False
-        if causal and mask is None:
-            mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    if torch.jit.is_tracing():
+        return _traced_attention(rows(q), rows(k), rows(v), mask, scale, causal, length)
     ctx = F.scaled_dot_product_attention(
         rows(q), rows(k), rows(v), attn_mask=mask, is_causal=causal and mask is None,
         scale=scale, enable_gqa=gqa,
     )  # fmt: skip
     return ctx.transpose(1, 2)
+
+
+def _traced_attention(q, k, v, mask, scale, causal, length) -> torch.Tensor:
+    """SDPA's arithmetic as the ONNX exporter should write it (sr.models.onnx_engine traces
+    this path; the graph is verified against SDPA's answers before it is served): scores,
+    softmax, weighted values, the shape of transformers' eager attention that ORT's
+    optimiser fuses, where the exporter's own SDPA adds a shape computation per use. Key
+    and value heads are repeated for their query heads (the exporter has no grouped-query
+    SDPA) and a causal mask is spelled out. [n, h, L, D] -> [n, L, h, D]."""
+    if k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if causal and mask is None:
+        mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
 
 
 def post_norm_feed_forward(w, p: str, put, kernel: str) -> tuple[Linear, Linear, tuple]:

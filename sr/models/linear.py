@@ -183,6 +183,13 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.parts is not None:
+            if torch.jit.is_tracing():
+                # One product for the ONNX exporter (sr.models.onnx_engine): the parts'
+                # weights joined are one constant in the graph, where ORT fuses more.
+                weights, biases = zip(*self.parts, strict=True)
+                bias = None if biases[0] is None else torch.cat(biases)
+                out = F.linear(x, torch.cat(weights), bias)
+                return out if residual is None else out + residual
             out = torch.cat([F.linear(x, w, b) for w, b in self.parts], dim=-1)
             return out if residual is None else out + residual
         return kernels.linear(self.kernel, x, self.weight, self.bias, self.activation, residual)
