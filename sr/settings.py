@@ -121,9 +121,9 @@ class Settings:
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
         """Parse and validate `environ` (copied); UsageError names a malformed variable."""
         # The parsers live beside what they configure; only this module hands them a mapping.
+        from sr.logs import resolve_log_format
         from sr.router.cache import result_cache_entries_from_env
         from sr.router.faults import fault_injection_enabled
-        from sr.router.logs import resolve_log_format
         from sr.thread_budget import adaptive_mode, thread_override
 
         env = types.MappingProxyType(dict(environ))

@@ -13,7 +13,7 @@ the OpenAPI document) or the reload trigger.
 Around every request (`_http`): its id (sr.http.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
-allowed origins; the access log (sr.router.logs.AccessLog, opt-in) gets one line once the
+allowed origins; the access log (sr.logs.AccessLog, opt-in) gets one line once the
 answer is sent.
 """
 
@@ -57,6 +57,7 @@ from sr.http.asgi import (
     serve_lifespan,
 )
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
+from sr.logs import AccessLog
 from sr.pool.views import Inventory, inventory_json, startup_status_json
 from sr.router import tei
 from sr.router.auth import ApiKeyCheck
@@ -65,7 +66,6 @@ from sr.router.cors import CorsPolicy
 from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster
 from sr.router.front import Front, NativeFront
 from sr.router.guard import FrontDoorGuard, check_json_body
-from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
 from sr.worker.timing import WorkerTiming

@@ -4,7 +4,7 @@ import json
 import logging
 
 from sr.http import request_id
-from sr.router.logs import JsonLineFormatter
+from sr.logs import JsonLineFormatter
 from sr.worker.http import request_names
 
 
