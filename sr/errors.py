@@ -82,7 +82,7 @@ of this taxonomy.
 
 Workers and the router share the JSON body, OpenAI's error shape:
 `{"error": {"code": ..., "message": ..., "type": ..., "param": ..., "request_id": ...}}`,
-`request_id` present while a request is being answered (sr.http.request_id).
+`request_id` present while a request is being answered (sr.request_id).
 
 `type` is OpenAI's error class: "invalid_request_error" for every 4xx (OpenAI uses it for
 401 and 404 too) and "server_error" for every 5xx. `param` names the request field the error
@@ -99,7 +99,7 @@ import re
 
 import attrs
 
-from sr.http.request_id import current as current_request_id
+from sr.request_id import current as current_request_id
 
 
 class SrError(Exception):

@@ -10,7 +10,7 @@ only the body they read and the shapes they answer in differ.
 Everything else here is a small read-only view (health, readiness, inventory, metrics,
 the OpenAPI document) or the reload trigger.
 
-Around every request (`_http`): its id (sr.http.request_id: the caller's `X-Request-Id` or a
+Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
 allowed origins; the access log (sr.logs.AccessLog, opt-in) gets one line once the
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from sr import __version__
+from sr import __version__, request_id
 from sr.config.schema import SrConfig
 from sr.errors import (
     Forbidden,
@@ -42,7 +42,6 @@ from sr.errors import (
     RequestError,
     Unavailable,
 )
-from sr.http import request_id
 from sr.http.asgi import (
     BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,

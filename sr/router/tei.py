@@ -57,8 +57,8 @@ import attrs
 from sr.error_answer import read_error_answer
 from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
-from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
+from sr.request_id import current as current_request_id
 from sr.worker.timing import WorkerTiming
 from sr.worker.validation import MAX_INPUTS
 

@@ -31,7 +31,7 @@ from sr.errors import (
     UsageError,
 )
 from sr.events import EventSink
-from sr.http.request_id import current as current_request_id
+from sr.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
 from sr.worker.engine import Engine
@@ -317,7 +317,7 @@ class WorkerService:
         request_id: str | None = None,
         deployment: str | None = None,
     ) -> Response:
-        """Answer one request. `request_id` (the router's, sr.http.request_id) is current while
+        """Answer one request. `request_id` (the router's, sr.request_id) is current while
         it is answered, so its error body and log lines carry it; so is `deployment`, the
         name the router serves this worker under (sr.worker.served_as)."""
         if request_id is None and deployment is None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from sr import request_id
 from sr.errors import InvalidRequest
-from sr.http import request_id
 from sr.router.app import NATIVE_ROUTES, RouterApp
 from sr.router.cache import ResultCache
 from sr.router.faults import FAULTS_PATH

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from sr.http import request_id
+from sr import request_id
 from sr.logs import AccessLog, JsonLineFormatter
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache

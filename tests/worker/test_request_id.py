@@ -3,7 +3,7 @@
 import json
 import logging
 
-from sr.http import request_id
+from sr import request_id
 from sr.logs import JsonLineFormatter
 from sr.worker.http import request_names
 
