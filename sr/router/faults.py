@@ -15,7 +15,6 @@ the listener's API keys like every other route.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -31,6 +30,7 @@ from sr.errors import (
 )
 from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.http.jsonbody import parse_json_object
+from sr.settings import FAULT_INJECTION_ENV
 from sr.worker.faults import fault_of
 from sr.worker.validation import check_fields
 
@@ -38,15 +38,10 @@ if TYPE_CHECKING:
     from sr.pool.worker_exchange import WorkerAnswer
 
 FAULTS_PATH = "/api/v1/faults"
-ENV_FLAG = "SR_FAULT_INJECTION"
 WORKER_FAULTS_PATH = "/admin/faults"
 MAX_FAULT_BODY_BYTES = 4096  # the body is four small fields
 FORWARD_TIMEOUT_S = 5.0  # a stopped (SIGSTOP) worker must not hold the caller forever
 _FIELDS = frozenset({"deployment", "replica", "mode", "slow_ms"})
-
-
-def fault_injection_enabled(environ: Mapping[str, str]) -> bool:
-    return environ.get(ENV_FLAG) == "1"
 
 
 @attrs.frozen
@@ -94,7 +89,8 @@ class FaultRoute:
         try:
             if not self.enabled:
                 raise NotFound(
-                    f"no route {FAULTS_PATH} (start the router with {ENV_FLAG}=1 to enable it)"
+                    f"no route {FAULTS_PATH} "
+                    f"(start the router with {FAULT_INJECTION_ENV}=1 to enable it)"
                 )
             if scope["method"] != "POST":
                 raise MethodNotAllowed("use POST", headers={"Allow": "POST"})
@@ -129,7 +125,7 @@ def _answer(replica_id: str, pid: int | None, status: int, payload: bytes) -> di
     if status == 404:
         raise Unavailable(
             f"replica {replica_id}: its worker does not serve {WORKER_FAULTS_PATH} "
-            f"(it was not started with {ENV_FLAG}=1): {message}"
+            f"(it was not started with {FAULT_INJECTION_ENV}=1): {message}"
         )
     if 400 <= status < 500:
         raise InvalidRequest(f"replica {replica_id} refused the fault: {message}")

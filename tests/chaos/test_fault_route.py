@@ -16,7 +16,6 @@ from sr.pool.transport import TransportError
 from sr.router.faults import (
     FAULTS_PATH,
     FaultRoute,
-    fault_injection_enabled,
     parse_fault_request,
 )
 from sr.settings import Settings
@@ -81,13 +80,6 @@ def fault(**fields):
 
 async def post(route, body, method="POST"):
     return await call(route, method, FAULTS_PATH, body)
-
-
-def test_enabled_only_by_exactly_one():
-    assert fault_injection_enabled({"SR_FAULT_INJECTION": "1"})
-    for value in ("0", "", "true", "yes"):
-        assert not fault_injection_enabled({"SR_FAULT_INJECTION": value})
-    assert not fault_injection_enabled({})
 
 
 async def test_disabled_route_is_a_plain_404_and_touches_no_worker():
