@@ -48,8 +48,9 @@ of sr handles one, and keeping it beside the only code that raises and handles i
 code readable on its own. None of them derives from SrError: a broad `except SrError` (the
 CLI's one-line exit, the reloader's 409) must not swallow one by accident.
 
-    sr.pool.state.IllegalTransition        a lifecycle move the state table forbids: a bug in
-                                           sr, never caught (an assertion with a name)
+    sr.pool.state.IllegalTransition        a replica's lifecycle move its state table forbids:
+                                           a bug in sr, never caught (an assertion with a name)
+    sr.worker.state.IllegalTransition      the same for a worker's lifecycle
     sr.pool.forked.ForkServerError         the fork server could not fork a worker: the
                                            replica spawns it instead (sr.pool.replica)
     sr.pool.worker_access.AccessError      an attached replica's key or CA bundle is unusable:
