@@ -7,9 +7,10 @@ replica's worker (`POST /admin/faults`, sr.worker.faults) through the pool
 the process the pool dispatches to.
 
 The route exists only when the router process was started with `SR_FAULT_INJECTION=1`
-(its managed workers inherit the variable and serve `/admin/faults`); otherwise it answers
-404 like any unknown path, so a production router does not even reveal it. It sits behind
-the listener's API keys like every other route.
+(its managed workers inherit the variable and serve `/admin/faults`): sr.router.app puts it
+in its route table then (POST only), and otherwise answers 404 as for any path it does not
+hold, with `disabled_fault_route`'s words. It sits behind the listener's API keys like
+every other route.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import attrs
 from sr.error_answer import read_error_answer
 from sr.errors import (
     InvalidRequest,
-    MethodNotAllowed,
     NotFound,
     RequestError,
     Unavailable,
@@ -78,22 +78,22 @@ class WorkerPoster(Protocol):
     ) -> WorkerAnswer: ...
 
 
-class FaultRoute:
-    """The ASGI handler of `FAULTS_PATH` (the app routes that path here)."""
+def disabled_fault_route() -> NotFound:
+    """The 404 of `FAULTS_PATH` while fault injection is off."""
+    return NotFound(
+        f"no route {FAULTS_PATH} (start the router with {FAULT_INJECTION_ENV}=1 to enable it)"
+    )
 
-    def __init__(self, core: WorkerPoster, *, enabled: bool) -> None:
+
+class FaultRoute:
+    """The ASGI handler of `POST FAULTS_PATH` (the app's route table holds it while fault
+    injection is on)."""
+
+    def __init__(self, core: WorkerPoster) -> None:
         self.core = core
-        self.enabled = enabled
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         try:
-            if not self.enabled:
-                raise NotFound(
-                    f"no route {FAULTS_PATH} "
-                    f"(start the router with {FAULT_INJECTION_ENV}=1 to enable it)"
-                )
-            if scope["method"] != "POST":
-                raise MethodNotAllowed("use POST", headers={"Allow": "POST"})
             (content_length,) = request_headers(scope, b"content-length")
             raw = await read_body(receive, content_length, MAX_FAULT_BODY_BYTES)
             answer = await self.apply(parse_fault_request(raw))
