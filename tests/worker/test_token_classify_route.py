@@ -15,8 +15,6 @@ from sr.worker.options import WorkerOptions
 from sr.worker.state import WorkerState
 from tests.models.token_models import reference_pipeline, write_token_model
 
-pytest.importorskip("transformers")
-
 TEXTS = [
     "My name is Wolfgang and I live in Berlin.",
     "Call me at +1 (555) 010-9999, Zoë!",
