@@ -102,6 +102,8 @@ import attrs
 
 from sr.request_id import current as current_request_id
 
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
 
 class SrError(Exception):
     """Base of every error sr raises on purpose."""
@@ -202,6 +204,19 @@ class RequestError(SrError):
 
     def body(self) -> bytes:
         return json.dumps({"error": self.to_dict()}).encode()
+
+    def header_fields(self) -> list[tuple[bytes, bytes]]:
+        """The error's own headers (Retry-After, Allow, WWW-Authenticate) as an answer's
+        head carries them: lower-case names, latin-1 bytes."""
+        return [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in self.headers.items()
+        ]
+
+    def answer(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The error on the wire, whole: status, head (JSON, then `header_fields`) and body.
+        The one writer of an error's answer; an ASGI app sends the same parts."""
+        return self.status, [JSON_CONTENT_TYPE, *self.header_fields()], self.body()
 
 
 class InvalidRequest(RequestError):

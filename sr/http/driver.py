@@ -74,7 +74,6 @@ class ServerContext(Protocol):
 
 _log = logging.getLogger("sr.http")
 READ_CHUNK = 65536
-_JSON = (b"content-type", b"application/json")
 # After an early answer (413, 408) the caller may still be sending; reading (and dropping)
 # for a short while lets it see the answer instead of a reset connection.
 _LINGER_S = 1.0
@@ -85,8 +84,7 @@ _BODY_END = {"type": "http.request", "body": b"", "more_body": False}
 
 def error_answer(error: RequestError) -> Response:
     """sr's one error shape (sr.errors), for the router and the workers alike."""
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    return error.status, [_JSON, *extra], error.body()
+    return error.answer()
 
 
 class PeerGone(Exception):

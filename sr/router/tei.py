@@ -411,8 +411,7 @@ def error_reply(error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], by
         status, error_type = 400, "Empty"
     else:
         status, error_type = _status_and_type(error.code, error.status)
-    headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
-    return status, headers, _error_body(error.message, error_type, error.code)
+    return status, error.header_fields(), _error_body(error.message, error_type, error.code)
 
 
 def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:
