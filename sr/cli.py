@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 SUBCOMMANDS = {
-    "serve": "sr.router.serve_cli",  # issue: foundation + router
+    "serve": "sr.router.serve_cli",
     "config": "sr.config.cli",
     "worker": "sr.worker.cli",
     "inventory": "sr.router.inventory_cli",

@@ -1,7 +1,7 @@
 """Reading a worker's error answer: the one reader of `{"error": {"message", "code", ...}}`.
 
 `RequestError.body` (sr.errors) writes that shape; the pool (a failed replica's reason),
-the Python API (sr.api_codec: the error class to raise), the TEI front (the error in TEI's
+the Python API (sr.api.codec: the error class to raise), the TEI front (the error in TEI's
 shape) and the fault route (a worker that refused a fault) read it here. Rules:
 - `message` is `error.message` as text; a body of another shape (an attached worker of
   another kind, a proxy's page) is its own first 200 characters, decoded leniently, and an

@@ -48,8 +48,9 @@ of sr handles one, and keeping it beside the only code that raises and handles i
 code readable on its own. None of them derives from SrError: a broad `except SrError` (the
 CLI's one-line exit, the reloader's 409) must not swallow one by accident.
 
-    sr.pool.state.IllegalTransition        a lifecycle move the state table forbids: a bug in
-                                           sr, never caught (an assertion with a name)
+    sr.pool.state.IllegalTransition        a replica's lifecycle move its state table forbids:
+                                           a bug in sr, never caught (an assertion with a name)
+    sr.worker.state.IllegalTransition      the same for a worker's lifecycle
     sr.pool.forked.ForkServerError         the fork server could not fork a worker: the
                                            replica spawns it instead (sr.pool.replica)
     sr.pool.worker_access.AccessError      an attached replica's key or CA bundle is unusable:
@@ -82,7 +83,7 @@ of this taxonomy.
 
 Workers and the router share the JSON body, OpenAI's error shape:
 `{"error": {"code": ..., "message": ..., "type": ..., "param": ..., "request_id": ...}}`,
-`request_id` present while a request is being answered (sr.http.request_id).
+`request_id` present while a request is being answered (sr.request_id).
 
 `type` is OpenAI's error class: "invalid_request_error" for every 4xx (OpenAI uses it for
 401 and 404 too) and "server_error" for every 5xx. `param` names the request field the error
@@ -99,7 +100,9 @@ import re
 
 import attrs
 
-from sr.http.request_id import current as current_request_id
+from sr.request_id import current as current_request_id
+
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
 class SrError(Exception):
@@ -201,6 +204,19 @@ class RequestError(SrError):
 
     def body(self) -> bytes:
         return json.dumps({"error": self.to_dict()}).encode()
+
+    def header_fields(self) -> list[tuple[bytes, bytes]]:
+        """The error's own headers (Retry-After, Allow, WWW-Authenticate) as an answer's
+        head carries them: lower-case names, latin-1 bytes."""
+        return [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in self.headers.items()
+        ]
+
+    def answer(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The error on the wire, whole: status, head (JSON, then `header_fields`) and body.
+        The one writer of an error's answer; an ASGI app sends the same parts."""
+        return self.status, [JSON_CONTENT_TYPE, *self.header_fields()], self.body()
 
 
 class InvalidRequest(RequestError):

@@ -5,7 +5,7 @@ The pool and the router describe what happens as named events (`replica_ready`,
 which is how metrics are fed without the pool knowing about Prometheus.
 
 Every event record carries its structured line (`{"ts", "event", **fields}`) as the record
-attribute named by LINE_ATTR, so a log formatter (sr.router.logs) renders it as JSON or as
+attribute named by LINE_ATTR, so a log formatter (sr.logs) renders it as JSON or as
 text without parsing anything; the record's message is that line as JSON, for readers that
 only see messages (pytest's caplog).
 """

@@ -53,6 +53,8 @@ from pathlib import Path
 import attrs
 
 from sr.errors import UsageError
+from sr.logs import resolve_log_format
+from sr.thread_budget import adaptive_mode, thread_override
 
 MODEL_DIR_ENV = "SR_MODEL_DIR"
 INVENTORY_API_KEY_ENV = "SR_API_KEY"
@@ -62,6 +64,9 @@ READY_TIMEOUT_ENV = "VLLM_SRUN_READY_TIMEOUT"
 DEFAULT_READY_TIMEOUT = "10m"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
+DEFAULT_RESULT_CACHE_ENTRIES = 4096
+FAULT_INJECTION_ENV = "SR_FAULT_INJECTION"
 
 
 def parse_duration(text: str, *, name: str = "duration") -> float:
@@ -73,6 +78,22 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
     if seconds <= 0:
         raise UsageError(f"{name}: must be greater than zero, got {text!r}")
     return seconds
+
+
+def result_cache_entries_from_env(environ: Mapping[str, str]) -> int:
+    """Entries per deployment of the router's result cache (sr.router.cache); 0 turns it off."""
+    raw = environ.get(RESULT_CACHE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_RESULT_CACHE_ENTRIES
+    text = raw.strip()
+    if not text.isdigit():  # a usage error: `sr serve` exits 2 before starting anything
+        raise UsageError(f"{RESULT_CACHE_ENV} must be a non-negative integer, got {raw!r}")
+    return int(text)
+
+
+def fault_injection_enabled(environ: Mapping[str, str]) -> bool:
+    """The fault-injection routes (sr.router.faults, sr.worker.faults) are on: exactly `1`."""
+    return environ.get(FAULT_INJECTION_ENV) == "1"
 
 
 @attrs.frozen
@@ -120,12 +141,6 @@ class Settings:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
         """Parse and validate `environ` (copied); UsageError names a malformed variable."""
-        # The parsers live beside what they configure; only this module hands them a mapping.
-        from sr.router.cache import result_cache_entries_from_env
-        from sr.router.faults import fault_injection_enabled
-        from sr.router.logs import resolve_log_format
-        from sr.thread_budget import adaptive_mode, thread_override
-
         env = types.MappingProxyType(dict(environ))
         resolve_log_format(None, env, _NOT_A_TERMINAL)  # a bad SR_LOG_FORMAT fails here
         return cls(

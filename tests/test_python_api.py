@@ -23,7 +23,8 @@ import attrs
 import pytest
 
 import sr
-from sr import api, api_codec
+from sr import api
+from sr.api import codec
 from sr.config.schema import EMBEDDED_DEFAULT_ARTIFACT, Deployment, Replica, SrConfig
 from sr.errors import (
     DeadlineExceeded,
@@ -42,7 +43,14 @@ from sr.pool.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/embed_in_trio_app.py"
-TYPED_MODULES = ["sr/__init__.py", "sr/api.py", "sr/api_codec.py"]  # strict-clean on their own
+# strict-clean on their own
+TYPED_MODULES = [
+    "sr/__init__.py",
+    "sr/api/__init__.py",
+    "sr/api/results.py",
+    "sr/api/codec.py",
+    "sr/api/typed.py",
+]
 TEXTS = ["A cat sits on the mat.", "Stock prices fell sharply today.", "hello"]
 LONG = "word " * 400  # over the default input.max_tokens (256)
 
@@ -201,13 +209,13 @@ async def test_worker_errors_raise_their_own_class_code_and_param(tmp_path, cros
 
 def test_bodies_refuse_what_an_untyped_caller_might_pass():
     with pytest.raises(InvalidRequest, match=r"questions\.q: expected sr\.Question, got dict"):
-        api_codec.decisions_body("state", {"q": {"criteria": {"a": "b"}}}, truncate=None)  # type: ignore[dict-item]
+        codec.decisions_body("state", {"q": {"criteria": {"a": "b"}}}, truncate=None)  # type: ignore[dict-item]
     with pytest.raises(InvalidRequest, match="documents: expected a list of strings"):
-        api_codec.rerank_body("q", "one document", top_n=None, truncate=None)
+        codec.rerank_body("q", "one document", top_n=None, truncate=None)
     with pytest.raises(InvalidRequest, match="body: cannot be sent as JSON"):
-        api_codec.encode_body(api_codec.embeddings_body([b"bytes"], dimensions=None, truncate=None))  # type: ignore[list-item]
+        codec.encode_body(codec.embeddings_body([b"bytes"], dimensions=None, truncate=None))  # type: ignore[list-item]
     # A str is one text, never its characters.
-    assert api_codec.embeddings_body("abc", dimensions=None, truncate=None) == {"input": "abc"}
+    assert codec.embeddings_body("abc", dimensions=None, truncate=None) == {"input": "abc"}
 
 
 @pytest.mark.parametrize(
@@ -227,16 +235,14 @@ def test_bodies_refuse_what_an_untyped_caller_might_pass():
 )
 def test_an_error_body_comes_back_as_the_class_that_wrote_it(error):
     """Round trip through the wire format sr.errors writes (status, headers, body)."""
-    back = api_codec.error_from_answer(error.status, error.headers, error.body())
+    back = codec.error_from_answer(error.status, error.headers, error.body())
     assert type(back) is type(error)
     assert back.to_dict() == error.to_dict()
     assert back.headers == error.headers
 
 
 def test_an_error_sr_does_not_know_keeps_the_workers_status_and_code():
-    back = api_codec.error_from_answer(
-        418, {}, b'{"error": {"code": "teapot", "message": "short"}}'
-    )
+    back = codec.error_from_answer(418, {}, b'{"error": {"code": "teapot", "message": "short"}}')
     assert type(back) is RequestError
     assert (back.status, back.code, back.message, back.type) == (
         418,
@@ -244,7 +250,7 @@ def test_an_error_sr_does_not_know_keeps_the_workers_status_and_code():
         "short",
         "invalid_request_error",
     )
-    plain = api_codec.error_from_answer(502, {}, b"Bad Gateway")
+    plain = codec.error_from_answer(502, {}, b"Bad Gateway")
     assert (type(plain), plain.status, plain.code, plain.message) == (
         RequestError,
         502,
@@ -284,7 +290,7 @@ USAGE = '"usage": {"prompt_tokens": 3, "total_tokens": 3}'
 def test_a_malformed_answer_is_worker_failed_naming_what_is_wrong(answer, count, detail):
     raw = answer if isinstance(answer, bytes) else answer.encode()
     with pytest.raises(WorkerFailed, match=f"malformed answer from the worker: {detail}"):
-        api_codec.parse_embeddings(raw, "d", count=count)
+        codec.parse_embeddings(raw, "d", count=count)
 
 
 def test_answers_are_placed_by_index_not_by_position():
@@ -292,7 +298,7 @@ def test_answers_are_placed_by_index_not_by_position():
         '{"model": "m", "data": [{"index": 1, "embedding": [2, 3]},'
         f' {{"index": 0, "embedding": [0.5, 1]}}], {USAGE}}}'
     )
-    parsed = api_codec.parse_embeddings(answer.encode(), "d", count=2)
+    parsed = codec.parse_embeddings(answer.encode(), "d", count=2)
     assert parsed.vectors == ((0.5, 1.0), (2.0, 3.0))
 
 

@@ -10,7 +10,14 @@ import pytest
 import sr
 from sr.errors import UsageError
 from sr.router import serve_cli
-from sr.settings import ModelSources, Settings
+from sr.settings import (
+    DEFAULT_RESULT_CACHE_ENTRIES,
+    ModelSources,
+    Settings,
+    fault_injection_enabled,
+    parse_duration,
+    result_cache_entries_from_env,
+)
 from sr.worker import cli as worker_cli
 
 SR_ROOT = Path(sr.__file__).parent
@@ -108,3 +115,50 @@ def test_no_module_but_sr_settings_reads_the_environment():
         if readers.search(line)
     ]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("10m", 600), ("1h", 3600), ("250ms", 0.25), ("5", 5)]
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10x", "-1s", "0s", "m"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(UsageError, match=r"duration|greater than zero"):
+        parse_duration(text)
+
+
+def ready_timeout_s(environ: dict[str, str]) -> float:
+    return Settings.from_environ(environ).ready_timeout_s
+
+
+def test_ready_timeout_default_and_env():
+    assert ready_timeout_s({}) == 600
+    assert ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "90s"}) == 90
+    with pytest.raises(UsageError, match="VLLM_SRUN_READY_TIMEOUT"):
+        ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("value", "entries"),
+    [(None, DEFAULT_RESULT_CACHE_ENTRIES), ("", DEFAULT_RESULT_CACHE_ENTRIES), ("0", 0),
+     ("17", 17), (" 5 ", 5)],
+)  # fmt: skip
+def test_env_values(value, entries):
+    environ = {} if value is None else {"VLLM_SRUN_RESULT_CACHE": value}
+    assert result_cache_entries_from_env(environ) == entries
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5", "1e3"])
+def test_bad_env_values_are_config_errors(value):
+    with pytest.raises(UsageError, match="VLLM_SRUN_RESULT_CACHE must be"):
+        result_cache_entries_from_env({"VLLM_SRUN_RESULT_CACHE": value})
+
+
+def test_enabled_only_by_exactly_one():
+    assert fault_injection_enabled({"SR_FAULT_INJECTION": "1"})
+    for value in ("0", "", "true", "yes"):
+        assert not fault_injection_enabled({"SR_FAULT_INJECTION": value})
+    assert not fault_injection_enabled({})

@@ -8,5 +8,6 @@ httptools), `framing` (the one place that decides a body's framing), `wire` (ans
 heads), `body` (the one request-body reader, capped in size and time), `sockio`, `hang_up`
 (one poller per server), `limits`, `client` (the router-to-worker HTTP/1.1 client; its
 failures are sr.errors.TransportError by phase), `private_folder` (Unix socket folders),
-`asgi`, `jsonbody` and `request_id` (helpers both sides share).
+`asgi` (the router app's ASGI helpers) and `jsonbody` (the one JSON body parser, for the
+router, the workers and the Python API).
 """

@@ -99,5 +99,5 @@ async def send_json(send: Send, status: int, payload: Any) -> None:
 
 
 async def send_error(send: Send, error: RequestError) -> None:
-    extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    await send_response(send, error.status, error.body(), extra)
+    """`error.answer()`'s parts (sr.errors), the JSON content type written here."""
+    await send_response(send, error.status, error.body(), error.header_fields())

@@ -26,7 +26,7 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
 import trio
@@ -35,19 +35,45 @@ from sr.errors import HeadReadTimeout, InvalidRequest, RequestError
 from sr.http import sockio
 from sr.http.body import read_body
 from sr.http.connection import END, NEED_DATA, ConnectionStateError, ServerConnection
+from sr.http.hang_up import HangUpPoller
+from sr.http.limits import HttpLimits
 from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
-
-if TYPE_CHECKING:
-    from sr.http.server import H1Server
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 # (method, path, body, the request's headers: lower-case names, in arrival order)
 Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Response]]
 
+
+class Adapter(Protocol):
+    """What serves an app other than a plain handler (sr.http.asgi_adapter.AsgiAdapter):
+    `answer` serves one request through the connection's public interface and says whether
+    the connection may carry another."""
+
+    async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
+    async def answer(
+        self, connection: Connection, request: RequestHead, method: str, path: str
+    ) -> bool: ...
+
+
+class ServerContext(Protocol):
+    """What a connection needs from the server that accepted it (sr.http.server.H1Server
+    is one): its limits and hang-up poller, whether it is stopping, and what answers a
+    request. The server hands each connection this much, not itself, so the two modules
+    do not import each other."""
+
+    limits: HttpLimits
+    hang_ups: HangUpPoller
+    stopping: bool
+    handler: Handler | None
+    adapter: Adapter | None
+    after_answer: Callable[[], None] | None
+    error_answer: Callable[[RequestError], Response]
+    crash_answer: Response
+
+
 _log = logging.getLogger("sr.http")
 READ_CHUNK = 65536
-_JSON = (b"content-type", b"application/json")
 # After an early answer (413, 408) the caller may still be sending; reading (and dropping)
 # for a short while lets it see the answer instead of a reset connection.
 _LINGER_S = 1.0
@@ -58,8 +84,7 @@ _BODY_END = {"type": "http.request", "body": b"", "more_body": False}
 
 def error_answer(error: RequestError) -> Response:
     """sr's one error shape (sr.errors), for the router and the workers alike."""
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
-    return error.status, [_JSON, *extra], error.body()
+    return error.answer()
 
 
 class PeerGone(Exception):
@@ -72,7 +97,7 @@ class Connection:
     it returns, and keeps the time limits. Adapters use `http` (the request, its events),
     `stream`, `hang_ups`, `stopping` and the methods below; nothing else."""
 
-    def __init__(self, server: H1Server, stream: trio.abc.Stream) -> None:
+    def __init__(self, server: ServerContext, stream: trio.abc.Stream) -> None:
         self._server = server
         self.limits = server.limits
         self.stream = stream

@@ -55,23 +55,18 @@ import trio
 from sr.errors import Overloaded, RequestError
 from sr.http import hang_up, sockio
 from sr.http.connection import ServerConnection
-from sr.http.driver import READ_CHUNK, Connection, Handler, PeerGone, Response, error_answer
+from sr.http.driver import (
+    READ_CHUNK,
+    Adapter,
+    Connection,
+    Handler,
+    PeerGone,
+    Response,
+    error_answer,
+)
 from sr.http.limits import HttpLimits
-from sr.http.parse import RequestHead
 
 __all__ = ["Adapter", "H1Server", "Handler", "Response", "error_answer", "open_listeners"]
-
-
-class Adapter(Protocol):
-    """What serves an app other than a plain handler (sr.http.asgi_adapter.AsgiAdapter):
-    `answer` serves one request through the connection's public interface and says whether
-    the connection may carry another."""
-
-    async def lifespan(self, ended: Callable[[], Awaitable[None]], *, task_status) -> None: ...
-    async def answer(
-        self, connection: Connection, request: RequestHead, method: str, path: str
-    ) -> bool: ...
-
 
 _log = logging.getLogger("sr.http")
 # accept() failures that mean "out of resources for now", not "listener broken".

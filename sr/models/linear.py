@@ -100,7 +100,7 @@ def choose_kernel(
 
 def adopt_choice(device: torch.device, dtype: torch.dtype, choice: KernelChoice) -> None:
     """Take `choice` as this process's probe result for `device` and `dtype`: for a process
-    that must not run the probe's threads itself (sr.pool.model_server probes in a child)."""
+    that must not run the probe's threads itself (sr.worker.model_server probes in a child)."""
     with _lock:
         _choices[(str(device), dtype)] = choice
 

@@ -17,7 +17,7 @@ Rules:
   the router's pipe, handed through the server.
 * A deployment's CPU replicas are forked by a fork server of their own (`ModelForkServer`),
   which the router's server forks and which loads the model before forking
-  (sr.pool.model_server): their weights, packed ones included, are then shared pages. One
+  (sr.worker.model_server): their weights, packed ones included, are then shared pages. One
   per run folder and model (the worker argv less the flags that differ between replicas),
   leased like the router's: a reload that changes the model leases a new one, and the last
   replica of a retired deployment closes its own. If it cannot start or load, the replica
@@ -278,7 +278,7 @@ class _EarlyServer:
 
 class ModelForkServer(ForkServer):
     """A deployment's fork server: forked by the router's (`base`), the model of the worker
-    argv `model_argv` loaded before it forks (sr.pool.model_server)."""
+    argv `model_argv` loaded before it forks (sr.worker.model_server)."""
 
     kind = "model_server"
 

@@ -19,7 +19,7 @@ Rules:
   `--parent-fd` is rewritten to the number the received fd has here.
 * A request with `"model_server": true` forks a deployment's fork server instead: the
   third fd is its control channel (the router holds the other end), and the child loads
-  the model its worker argv names (sr.pool.model_server), answers `{"ready": true, "pid",
+  the model its worker argv names (sr.worker.model_server), answers `{"ready": true, "pid",
   "kernel", "load_s"}` (or `{"error"}` and exits 1) there, then serves fork requests on it
   as this server does. The workers it forks find the model loaded: its weights, packed
   ones included, are copy-on-write pages shared by the replicas. Its cmdline is
@@ -73,7 +73,7 @@ PRELOAD = (
     "sr.models.gemma3",
     "sr.models.heads",
     "sr.worker.token_classify",
-    "sr.pool.model_server",  # what a model's fork server runs (see `_model_server`)
+    "sr.worker.model_server",  # what a model's fork server runs (see `_model_server`)
 )
 MAX_MESSAGE = 1 << 20  # also in sr.pool.forked
 FDS_PER_REQUEST = 3  # reply socket, stderr write end, parent-fd read end
@@ -205,10 +205,11 @@ def _child(request: dict, argv: list[str], *, stderr_fd: int, parent_fd: int, cl
     try:
         become_fresh(request, stderr_fd=stderr_fd, close=close)
         set_cmdline(argv)
-        from sr.cli import main as sr_main
+        # `python -m sr worker ...` (checked in `_fork`): what sr.cli would run for it.
+        from sr.worker.cli import main as worker_main
 
         sys.argv = [argv[0], *argv[3:]]
-        code = _exit_code(sr_main, argv[3:])
+        code = _exit_code(worker_main, argv[4:])
     except KeyboardInterrupt:  # as an interpreter does: die of the signal
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -236,7 +237,7 @@ def _model_server(
         set_cmdline([sys.executable, "-m", "sr.pool.forkserver", "--model", artifact])
         control = socket.socket(fileno=control_fd)
         try:
-            from sr.pool.model_server import preload
+            from sr.worker.model_server import preload
 
             summary = preload(argv)
         except Exception as error:  # reported to the router, which forks without the model
@@ -298,9 +299,9 @@ def remember_fresh_state() -> None:
     _fresh_torch_threads = None if torch is None else torch.get_num_threads()
 
 
-def _exit_code(sr_main, args: list[str]) -> int:
+def _exit_code(main, args: list[str]) -> int:
     try:
-        result = sr_main(args)
+        result = main(args)
     except SystemExit as leaving:
         result = leaving.code
     if result is None:

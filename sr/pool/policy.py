@@ -23,7 +23,7 @@ from sr.pool.changes import StateChanges
 from sr.pool.outcome import Outcome
 from sr.pool.record import ReplicaRecord
 from sr.pool.service_times import ServiceTimes
-from sr.pool.state import ReplicaState, check_transition
+from sr.pool.state import ReplicaState, check_transition, is_dropped
 
 MAX_INFLIGHT = 32
 # Outcomes that say nothing about the replica: they neither count nor reset.
@@ -197,9 +197,7 @@ class DeploymentPolicy:
     def set_lifecycle(
         self, rec: ReplicaRecord, new: ReplicaState, now: float, reason: str | None = None
     ) -> None:
-        if rec.lifecycle is ReplicaState.DRAINING and new is not ReplicaState.DRAINING:
-            # DRAINING is never left; a retired replica's prober keeps running while its
-            # in-flight requests finish, and what it sees no longer matters.
+        if is_dropped(rec.lifecycle, new):  # a retired replica's late report
             return
         if check_transition(rec.lifecycle, new, attached=rec.attached) or reason != rec.reason:
             if rec.lifecycle is ReplicaState.READY and new is not ReplicaState.READY:

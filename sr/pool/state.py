@@ -19,7 +19,12 @@ The state shown in the inventory is the lifecycle state unless it is READY, in w
 EJECTED wins over BACKOFF wins over READY (`effective_state`).
 
 Only READY replicas are dispatched to; an EJECTED one only when nothing else can take the
-request. DRAINING is never left (a reload creates a new replica).
+request. DRAINING is never left (a reload creates a new replica): a retired replica's
+prober keeps running while its in-flight requests finish, and any other state it (or its
+process's exit) reports then is dropped (`is_dropped`), not an illegal move.
+
+A worker's /health `status` is one of sr.worker.state.WorkerState's values; `HEALTH_STATUS`
+says which lifecycle state each one means.
 
 Managed and in-process replicas (`TRANSITIONS`): FAILED is never left except by replacing
 the replica; INCOMPATIBLE is left only if its process exits (and restarts). Such a replica
@@ -40,6 +45,8 @@ failed or incompatible, since the old config keeps serving.
 from __future__ import annotations
 
 import enum
+
+from sr.worker.state import WorkerState
 
 TERMINAL_EARLY_EXITS = 3
 
@@ -85,13 +92,13 @@ ATTACHED_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     S.FAILED: frozenset(_LIVE | {S.INCOMPATIBLE, S.DRAINING}),
 }
 
-# what a worker's /health `status` field means for the lifecycle
-HEALTH_STATUS = {
-    "ready": S.READY,
-    "starting": S.STARTING,
-    "loading": S.LOADING,
-    "warming": S.WARMING,
-    "failed": S.FAILED,
+# what a worker's /health `status` field (sr.worker.state) means for the lifecycle
+HEALTH_STATUS: dict[str, ReplicaState] = {
+    WorkerState.READY.value: S.READY,
+    WorkerState.STARTING.value: S.STARTING,
+    WorkerState.LOADING.value: S.LOADING,
+    WorkerState.WARMING.value: S.WARMING,
+    WorkerState.FAILED.value: S.FAILED,
 }
 
 TERMINAL = frozenset({S.FAILED, S.INCOMPATIBLE})
@@ -104,6 +111,12 @@ class IllegalTransition(Exception):
 def is_terminal(lifecycle: ReplicaState, *, attached: bool) -> bool:
     """True when the replica can never serve again on its own (never for attached ones)."""
     return not attached and lifecycle in TERMINAL
+
+
+def is_dropped(old: ReplicaState, new: ReplicaState) -> bool:
+    """True when `new` reaches a DRAINING replica: it is never left, so the report is
+    dropped (module docstring)."""
+    return old is S.DRAINING and new is not S.DRAINING
 
 
 def check_transition(old: ReplicaState, new: ReplicaState, *, attached: bool = False) -> bool:

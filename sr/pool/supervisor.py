@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from sr.api.typed import TypedApi
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import (
     ModelNotFound,
@@ -42,7 +43,6 @@ from sr.pool.replica import ReplicaRunner
 from sr.pool.run_dir import claim_run_dir, remove_stale_run_dirs
 from sr.pool.state import ReplicaState
 from sr.pool.transport import Transport
-from sr.pool.typed_api import TypedApi
 from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 from sr.pool.worker_exchange import ReplicaScrape, WorkerAnswer
@@ -51,7 +51,7 @@ from sr.settings import Settings, read_process_settings
 DRAIN_TIMEOUT_S = 30.0
 
 
-class Supervisor(TypedApi):
+class Supervisor:
     def __init__(
         self,
         config: SrConfig,
@@ -87,6 +87,14 @@ class Supervisor(TypedApi):
         # The router's one reload lock: a reload from the Python API waits for the one
         # running; the file reloader (sr.router.reload) refuses instead (`reloading`).
         self._reload_lock = trio.Lock()
+        # The typed Python API over this pool (sr.api.typed); its calls are offered here as
+        # the router's own, as docs/python-api.md shows them (`router.embed(...)`).
+        self.api = TypedApi(self)
+        self.request = self.api.request
+        self.embed = self.api.embed
+        self.classify = self.api.classify
+        self.decide = self.api.decide
+        self.rerank = self.api.rerank
 
     # -- requests -------------------------------------------------------------------
     def resolve(self, model: str) -> str:
@@ -97,6 +105,10 @@ class Supervisor(TypedApi):
             if pool.config.artifact == model:
                 return name
         raise ModelNotFound(f"model {model!r} is not served here; known: {sorted(self.pools)}")
+
+    def artifact_of(self, deployment: str) -> str:
+        """The artifact `deployment` serves: the `model` a typed request names."""
+        return self.pools[deployment].config.artifact
 
     async def request_raw(
         self,

@@ -4,7 +4,7 @@ described in words.
 Rules:
 * The router starts its workers with `--log-format json`: their stderr is a machine
   channel. Each JSON line is logged again on `sr.worker` carrying that same line, so the
-  router's one log format (text or json, sr.router.logs) applies to worker lines too.
+  router's one log format (text or json, sr.logs) applies to worker lines too.
 * A worker stamps its own deployment, replica and pid; the router only fills in what a
   line lacks. A line that is not a JSON object (a crash's traceback, a library writing to
   stderr) becomes a `warning` message of logger `sr.worker.stderr`, stamped the same way.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sr.events import LINE_ATTR, WORKER_ATTR
-from sr.router.logs import plain_line
+from sr.logs import plain_line
 
 # A line longer than this is relayed in pieces instead of buffering without bound.
 MAX_LINE_BYTES = 65536

@@ -10,10 +10,15 @@ only the body they read and the shapes they answer in differ.
 Everything else here is a small read-only view (health, readiness, inventory, metrics,
 the OpenAPI document) or the reload trigger.
 
-Around every request (`_http`): its id (sr.http.request_id: the caller's `X-Request-Id` or a
+Routing is one table, path -> method -> handler (`_routes`, and `_prefix_routes` for
+`/v1/models/{model}`): a path it does not hold is 404, a method its path does not take is
+405 with `Allow` naming the ones it does; HEAD is taken wherever GET is. The fault route is
+in the table only when fault injection is on (sr.router.faults).
+
+Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
-allowed origins; the access log (sr.router.logs.AccessLog, opt-in) gets one line once the
+allowed origins; the access log (sr.logs.AccessLog, opt-in) gets one line once the
 answer is sent.
 """
 
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from sr import __version__
+from sr import __version__, request_id
 from sr.config.schema import SrConfig
 from sr.errors import (
     Forbidden,
@@ -42,7 +47,6 @@ from sr.errors import (
     RequestError,
     Unavailable,
 )
-from sr.http import request_id
 from sr.http.asgi import (
     BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -57,15 +61,15 @@ from sr.http.asgi import (
     serve_lifespan,
 )
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
+from sr.logs import AccessLog
 from sr.pool.views import Inventory, inventory_json, startup_status_json
 from sr.router import tei
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
-from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster
+from sr.router.faults import FAULTS_PATH, FaultRoute, WorkerPoster, disabled_fault_route
 from sr.router.front import Front, NativeFront
 from sr.router.guard import FrontDoorGuard, check_json_body
-from sr.router.logs import AccessLog
 from sr.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
 from sr.worker.timing import WorkerTiming
@@ -91,6 +95,8 @@ _OUTCOME_BY_CODE = {
     "internal_error": "failed",
 }
 _log = logging.getLogger("sr.events")
+# A route's handler; the table maps a path to {method: handler} (module docstring).
+Handler = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 
 class SupervisorLike(WorkerPoster, Protocol):
@@ -165,23 +171,29 @@ class RouterApp:
         self._auth = ApiKeyCheck([])
         self._cors = CorsPolicy()
         self._guard = FrontDoorGuard("127.0.0.1")
-        self._faults = FaultRoute(core, enabled=fault_injection)
         self.apply_config(config)
         # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).
-        self._fronts: dict[str, Front] = {route: NativeFront(route) for route in NATIVE_ROUTES}
+        fronts: list[Front] = [NativeFront(route) for route in sorted(NATIVE_ROUTES)]
         # TEI's root route reads the task of a body with `inputs` off the deployment's card.
-        self._fronts.update(
-            {route: tei.TeiFront(route, self._head_task) for route in tei.POST_ROUTES}
+        fronts += [tei.TeiFront(route, self._head_task) for route in sorted(tei.POST_ROUTES)]
+        routes: list[tuple[str, dict[str, Handler]]] = [
+            *((front.route, {"POST": functools.partial(self._native, front)}) for front in fronts),
+            ("/health", {"GET": self._health}),
+            ("/ready", {"GET": self._ready}),
+            ("/startup-status", {"GET": self._startup_status}),
+            ("/v1/models", {"GET": self._models}),
+            ("/api/v1/inventory/model-runtime", {"GET": self._inventory}),
+            ("/metrics", {"GET": self._metrics}),
+            (OPENAPI_PATH, {"GET": self._openapi}),
+            (tei.INFO_PATH, {"GET": self._tei_info}),
+            ("/api/v1/reload", {"POST": self._reload_route}),
+        ]
+        if fault_injection:
+            routes.append((FAULTS_PATH, {"POST": FaultRoute(core)}))
+        self._routes = _route_table(routes)
+        self._prefix_routes: tuple[tuple[str, dict[str, Handler]], ...] = (
+            (MODEL_ROUTE_PREFIX, {"GET": self._model}),
         )
-        self._get_routes: dict[str, Callable[[Send], Awaitable[None]]] = {
-            "/health": self._health,
-            "/ready": self._ready,
-            "/startup-status": self._startup_status,
-            "/v1/models": self._models,
-            "/api/v1/inventory/model-runtime": self._inventory,
-            "/metrics": self._metrics,
-            OPENAPI_PATH: self._openapi,
-        }
 
     def apply_config(self, config: SrConfig) -> None:
         """Adopt a (re)loaded config: artifacts, API keys, CORS origins, which deployments
@@ -267,41 +279,30 @@ class RouterApp:
             await send_error(send, error)
             return
         try:
-            front = self._fronts.get(path)
-            if front is not None:
-                if method != "POST":
-                    await _method_not_allowed(send, "POST")
-                    return
-                await self._native(scope, receive, send, front)
-            elif path in self._get_routes:
-                if method not in ("GET", "HEAD"):
-                    await _method_not_allowed(send, "GET")
-                    return
-                await self._get_routes[path](send)
-            elif path.startswith(MODEL_ROUTE_PREFIX):
-                if method not in ("GET", "HEAD"):
-                    await _method_not_allowed(send, "GET")
-                    return
-                await self._model(send, path[len(MODEL_ROUTE_PREFIX) :])
-            elif path == "/api/v1/reload":
-                if method != "POST":
-                    await _method_not_allowed(send, "POST")
-                    return
-                await self._reload_route(send)
-            elif path == FAULTS_PATH:
-                await self._faults(scope, receive, send)
-            elif path == tei.INFO_PATH:
-                if method not in ("GET", "HEAD"):
-                    await _method_not_allowed(send, "GET")
-                    return
-                await self._tei_info(scope, send)
-            else:
-                await send_error(send, NotFound(f"no route {path}"))
+            methods = self._routes.get(path) or self._prefixed(path)
+            if methods is None:
+                await send_error(send, _no_route(path))
+                return
+            handler = methods.get("GET" if method == "HEAD" else method)
+            if handler is None:
+                allowed = ", ".join(methods)
+                await send_error(
+                    send, MethodNotAllowed(f"use {allowed}", headers={"Allow": allowed})
+                )
+                return
+            await handler(scope, receive, send)
         except Exception as error:  # a bug must cost one 500, never the connection
             _log.exception("router_internal_error path=%s", path)
             await send_error(send, RequestError(type(error).__name__))
 
-    async def _native(self, scope: dict[str, Any], receive: Receive, send: Send, front: Front):
+    def _prefixed(self, path: str) -> dict[str, Handler] | None:
+        """The methods of the first prefix route `path` falls under, or None."""
+        for prefix, methods in self._prefix_routes:
+            if path.startswith(prefix):
+                return methods
+        return None
+
+    async def _native(self, front: Front, scope: dict[str, Any], receive: Receive, send: Send):
         """Every route that dispatches to a worker, native or TEI: the front reads the body
         and shapes answers and errors (sr.router.front); the rest is the same for all."""
         route = front.route
@@ -382,7 +383,7 @@ class RouterApp:
             return None
         return card.get("head_task") if card else None
 
-    async def _tei_info(self, scope: dict[str, Any], send: Send) -> None:
+    async def _tei_info(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """GET /info: TEI's info object for the deployment (sr.router.tei.info)."""
         try:
             deployment = self._deployment_for(tei.info_model(scope.get("query_string", b"")))
@@ -455,27 +456,27 @@ class RouterApp:
             raise failure
         return reply
 
-    async def _health(self, send: Send) -> None:
+    async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})
 
-    async def _ready(self, send: Send) -> None:
+    async def _ready(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if self.core.is_ready():
             await send_json(send, 200, {"status": "ready"})
         else:
             await send_json(send, 503, {"status": "not_ready"})
 
-    async def _startup_status(self, send: Send) -> None:
+    async def _startup_status(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_json(send, 200, startup_status_json(self.core.inventory()))
 
-    async def _inventory(self, send: Send) -> None:
+    async def _inventory(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_json(send, 200, inventory_json(self.core.inventory()))
 
-    async def _metrics(self, send: Send) -> None:
+    async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         scrapes = await self.core.replica_metrics(REPLICA_SCRAPE_TIMEOUT_S)
         text = self.metrics.render(scrapes)
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
-    async def _openapi(self, send: Send) -> None:
+    async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_response(send, 200, _openapi_json())
 
     async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
@@ -488,12 +489,13 @@ class RouterApp:
         await send({"type": "http.response.start", "status": 204, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
 
-    async def _models(self, send: Send) -> None:
+    async def _models(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"object": "list", "data": self._model_entries()})
 
-    async def _model(self, send: Send, name: str) -> None:
+    async def _model(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """GET /v1/models/{name}: the deployment's entry of GET /v1/models. `name` is a
         deployment or its artifact, as in a request's `model` (artifacts may hold `/`)."""
+        name = scope["path"][len(MODEL_ROUTE_PREFIX) :]
         try:
             deployment = self._resolve_model(name)
         except RequestError as error:
@@ -533,7 +535,7 @@ class RouterApp:
             data.append(entry)
         return data
 
-    async def _reload_route(self, send: Send) -> None:
+    async def _reload_route(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if self._reload is None:
             await send_error(send, ReloadUnavailable("no config file to reload"))
             return
@@ -589,5 +591,15 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
             return
 
 
-async def _method_not_allowed(send: Send, allowed: str) -> None:
-    await send_error(send, MethodNotAllowed(f"use {allowed}", headers={"Allow": allowed}))
+def _route_table(routes: list[tuple[str, dict[str, Handler]]]) -> dict[str, dict[str, Handler]]:
+    table: dict[str, dict[str, Handler]] = {}
+    for path, methods in routes:
+        if path in table:
+            raise ValueError(f"two routes for {path}")
+        table[path] = methods
+    return table
+
+
+def _no_route(path: str) -> NotFound:
+    # The fault route is absent unless fault injection is on; its 404 says how to turn it on.
+    return disabled_fault_route() if path == FAULTS_PATH else NotFound(f"no route {path}")

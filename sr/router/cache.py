@@ -15,25 +15,9 @@ Pure: no I/O and no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-from sr.errors import UsageError
 from sr.lru import LruCache
-
-RESULT_CACHE_ENV = "VLLM_SRUN_RESULT_CACHE"
-DEFAULT_RESULT_CACHE_ENTRIES = 4096
-
-
-def result_cache_entries_from_env(environ: Mapping[str, str]) -> int:
-    """Entries per deployment from VLLM_SRUN_RESULT_CACHE; 0 turns the cache off."""
-    raw = environ.get(RESULT_CACHE_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_RESULT_CACHE_ENTRIES
-    text = raw.strip()
-    if not text.isdigit():  # a usage error: `sr serve` exits 2 before starting anything
-        raise UsageError(f"{RESULT_CACHE_ENV} must be a non-negative integer, got {raw!r}")
-    return int(text)
 
 
 def cache_key(path: str, body: dict[str, Any]) -> str:

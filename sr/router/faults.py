@@ -7,15 +7,15 @@ replica's worker (`POST /admin/faults`, sr.worker.faults) through the pool
 the process the pool dispatches to.
 
 The route exists only when the router process was started with `SR_FAULT_INJECTION=1`
-(its managed workers inherit the variable and serve `/admin/faults`); otherwise it answers
-404 like any unknown path, so a production router does not even reveal it. It sits behind
-the listener's API keys like every other route.
+(its managed workers inherit the variable and serve `/admin/faults`): sr.router.app puts it
+in its route table then (POST only), and otherwise answers 404 as for any path it does not
+hold, with `disabled_fault_route`'s words. It sits behind the listener's API keys like
+every other route.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -23,7 +23,6 @@ import attrs
 from sr.error_answer import read_error_answer
 from sr.errors import (
     InvalidRequest,
-    MethodNotAllowed,
     NotFound,
     RequestError,
     Unavailable,
@@ -31,6 +30,7 @@ from sr.errors import (
 )
 from sr.http.asgi import Receive, Send, read_body, request_headers, send_error, send_json
 from sr.http.jsonbody import parse_json_object
+from sr.settings import FAULT_INJECTION_ENV
 from sr.worker.faults import fault_of
 from sr.worker.validation import check_fields
 
@@ -38,15 +38,10 @@ if TYPE_CHECKING:
     from sr.pool.worker_exchange import WorkerAnswer
 
 FAULTS_PATH = "/api/v1/faults"
-ENV_FLAG = "SR_FAULT_INJECTION"
 WORKER_FAULTS_PATH = "/admin/faults"
 MAX_FAULT_BODY_BYTES = 4096  # the body is four small fields
 FORWARD_TIMEOUT_S = 5.0  # a stopped (SIGSTOP) worker must not hold the caller forever
 _FIELDS = frozenset({"deployment", "replica", "mode", "slow_ms"})
-
-
-def fault_injection_enabled(environ: Mapping[str, str]) -> bool:
-    return environ.get(ENV_FLAG) == "1"
 
 
 @attrs.frozen
@@ -83,21 +78,22 @@ class WorkerPoster(Protocol):
     ) -> WorkerAnswer: ...
 
 
-class FaultRoute:
-    """The ASGI handler of `FAULTS_PATH` (the app routes that path here)."""
+def disabled_fault_route() -> NotFound:
+    """The 404 of `FAULTS_PATH` while fault injection is off."""
+    return NotFound(
+        f"no route {FAULTS_PATH} (start the router with {FAULT_INJECTION_ENV}=1 to enable it)"
+    )
 
-    def __init__(self, core: WorkerPoster, *, enabled: bool) -> None:
+
+class FaultRoute:
+    """The ASGI handler of `POST FAULTS_PATH` (the app's route table holds it while fault
+    injection is on)."""
+
+    def __init__(self, core: WorkerPoster) -> None:
         self.core = core
-        self.enabled = enabled
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         try:
-            if not self.enabled:
-                raise NotFound(
-                    f"no route {FAULTS_PATH} (start the router with {ENV_FLAG}=1 to enable it)"
-                )
-            if scope["method"] != "POST":
-                raise MethodNotAllowed("use POST", headers={"Allow": "POST"})
             (content_length,) = request_headers(scope, b"content-length")
             raw = await read_body(receive, content_length, MAX_FAULT_BODY_BYTES)
             answer = await self.apply(parse_fault_request(raw))
@@ -129,7 +125,7 @@ def _answer(replica_id: str, pid: int | None, status: int, payload: bytes) -> di
     if status == 404:
         raise Unavailable(
             f"replica {replica_id}: its worker does not serve {WORKER_FAULTS_PATH} "
-            f"(it was not started with {ENV_FLAG}=1): {message}"
+            f"(it was not started with {FAULT_INJECTION_ENV}=1): {message}"
         )
     if 400 <= status < 500:
         raise InvalidRequest(f"replica {replica_id} refused the fault: {message}")

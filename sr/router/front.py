@@ -85,8 +85,7 @@ class NativeFront:
         return status, payload
 
     def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
-        return error.status, headers, error.body()
+        return error.status, error.header_fields(), error.body()
 
     def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]:
         return []  # the usage is in the body; TEI's timing headers are for TEI's clients

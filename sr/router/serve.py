@@ -10,7 +10,7 @@ then drain and stop every worker) or until it is cancelled.
 embedding program can then watch startup over HTTP or `await handle.core.wait_ready(...)`.
 
 `run_sr_serve` is the process around it: logs on stderr in one format, text or JSON
-(sr.router.logs), milestones on stdout (sr.router.startup), SIGINT/SIGTERM drain and exit 0,
+(sr.logs), milestones on stdout (sr.router.startup), SIGINT/SIGTERM drain and exit 0,
 SIGHUP reloads the config file, startup failure exits 1.
 """
 
@@ -32,9 +32,9 @@ from sr.events import EventSink
 from sr.http.asgi_adapter import AsgiAdapter
 from sr.http.limits import HttpLimits
 from sr.http.server import H1Server, error_answer, open_listeners
+from sr.logs import AccessLog, configure_logging, resolve_log_format
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
-from sr.router.logs import AccessLog, configure_logging, resolve_log_format
 from sr.router.metrics import RouterMetrics
 from sr.router.reload import ConfigReloader
 from sr.router.startup import StartupProgress, replica_counts
@@ -203,7 +203,7 @@ def run_sr_serve(
 ) -> int:
     """The `sr serve` process: 0 after a signal-driven stop, 1 when startup fails, 2 for a
     bad setting found before anything started. `log_format` None: SR_LOG_FORMAT, else text
-    on a terminal, json elsewhere (sr.router.logs). `settings`: as `sr serve` read them
+    on a terminal, json elsewhere (sr.logs). `settings`: as `sr serve` read them
     (default: read now). `write_config` runs once the listener is bound."""
     try:
         settings = settings if settings is not None else read_process_settings()

@@ -21,7 +21,7 @@ Hugging Face artifact of a managed deployment that does not resolve offline
 the file left as it was. Without it sr never downloads. `--dry-run` downloads nothing.
 
 `--log-format` is the one log setting (default: SR_LOG_FORMAT, else text when stderr is a
-terminal, json otherwise; sr.router.logs); `--access-log` adds one log line per request.
+terminal, json otherwise; sr.logs); `--access-log` adds one log line per request.
 Neither is written to the config: they are about this process, not about what it serves.
 """
 
@@ -38,9 +38,9 @@ from sr.config.placement import PLATFORM_CHOICES, ServeFlags, apply_flags
 from sr.config.schema import DEPLOYMENT_DTYPES, MAX_REPLICAS, SrConfig, default_config
 from sr.devices import cpu_budget, gpu_inventory
 from sr.errors import ConfigError, ConfigIssue, StartupFailed, UsageError
+from sr.logs import LOG_FORMATS, resolve_log_format
 from sr.models.limits import settle_input_limits
 from sr.pool import fork_start
-from sr.router.logs import LOG_FORMATS, resolve_log_format
 from sr.settings import Settings, read_process_settings
 
 PROG = "sr serve"

@@ -57,8 +57,8 @@ import attrs
 from sr.error_answer import read_error_answer
 from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
-from sr.http.request_id import current as current_request_id
 from sr.pool.policy import MAX_INFLIGHT
+from sr.request_id import current as current_request_id
 from sr.worker.timing import WorkerTiming
 from sr.worker.validation import MAX_INPUTS
 
@@ -411,8 +411,7 @@ def error_reply(error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], by
         status, error_type = 400, "Empty"
     else:
         status, error_type = _status_and_type(error.code, error.status)
-    headers = [(name.lower().encode(), value.encode()) for name, value in error.headers.items()]
-    return status, headers, _error_body(error.message, error_type, error.code)
+    return status, error.header_fields(), _error_body(error.message, error_type, error.code)
 
 
 def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:

@@ -28,7 +28,6 @@ from sr.errors import InvalidApiKey, UsageError
 
 ENV_VAR = "SR_WORKER_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/health/live"})
-JSON = [(b"content-type", b"application/json")]
 
 
 def is_loopback_host(host: str) -> bool:
@@ -87,5 +86,7 @@ class WorkerKeyCheck:
 
 
 def unauthorized() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    error = InvalidApiKey("missing or invalid API key (Authorization: Bearer <key>)")
-    return error.status, [*JSON, (b"www-authenticate", b"Bearer")], error.body()
+    return InvalidApiKey(
+        "missing or invalid API key (Authorization: Bearer <key>)",
+        headers={"WWW-Authenticate": "Bearer"},
+    ).answer()

@@ -3,7 +3,7 @@
 Prints one JSON line on stdout once listening (`{"listening": ..., "port": ...}`), so a
 caller that asked for port 0 learns the port. Logs go to stderr in `--log-format` (the
 router's rule: the flag, else SR_LOG_FORMAT, else text on a terminal and json elsewhere;
-sr.router.logs), every line stamped with the worker's pid and, when given, `--deployment`
+sr.logs), every line stamped with the worker's pid and, when given, `--deployment`
 and `--replica`: a worker names itself, so its lines say whose they are wherever they end
 up (a managed worker's are relayed by its router, an attached one's are its operator's).
 SIGTERM or SIGINT stops gracefully: no new connections, in-flight requests finish
@@ -28,7 +28,7 @@ from sr.config.arguments import OneLineArgumentParser
 from sr.config.engine import add_engine_flags, engine_from_flags
 from sr.errors import UsageError
 from sr.events import EventSink
-from sr.router.logs import LOG_FORMATS, configure_logging, resolve_log_format
+from sr.logs import LOG_FORMATS, configure_logging, resolve_log_format
 from sr.settings import Settings, read_process_settings
 from sr.worker import auth
 from sr.worker.allocator import configure_malloc

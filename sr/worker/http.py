@@ -12,8 +12,8 @@ from pathlib import Path
 
 import trio
 
+from sr import request_id
 from sr.errors import RequestError, UsageError
-from sr.http import request_id
 from sr.http.limits import HttpLimits
 from sr.http.private_folder import ensure_private_folder
 from sr.http.server import H1Server, error_answer, open_listeners

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 
-from sr.router.logs import format_unlocked
+from sr.logs import format_unlocked
 
 PARENT_GONE_EXIT = 3
 

@@ -1,6 +1,6 @@
 """A model loaded before this process was forked, for the worker to serve instead of loading.
 
-A deployment's fork server (sr.pool.model_server) loads and packs the model once and
+A deployment's fork server (sr.worker.model_server) loads and packs the model once and
 offers it here; the replicas it forks claim it at load (sr.worker.service), so its pages
 stay shared between them. A worker claims it only when the options it loads with match
 those it was loaded for (artifact, revision, device, dtype served, kernel, engine); otherwise, and

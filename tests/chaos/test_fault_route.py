@@ -13,12 +13,14 @@ from sr.errors import InvalidRequest
 from sr.events import EventSink
 from sr.pool.supervisor import Supervisor
 from sr.pool.transport import TransportError
+from sr.router.app import RouterApp
+from sr.router.cache import ResultCache
 from sr.router.faults import (
     FAULTS_PATH,
     FaultRoute,
-    fault_injection_enabled,
     parse_fault_request,
 )
+from sr.router.metrics import RouterMetrics
 from sr.settings import Settings
 from sr.worker.faults import FaultState
 from tests.router.asgi_client import call
@@ -83,27 +85,33 @@ async def post(route, body, method="POST"):
     return await call(route, method, FAULTS_PATH, body)
 
 
-def test_enabled_only_by_exactly_one():
-    assert fault_injection_enabled({"SR_FAULT_INJECTION": "1"})
-    for value in ("0", "", "true", "yes"):
-        assert not fault_injection_enabled({"SR_FAULT_INJECTION": value})
-    assert not fault_injection_enabled({})
+def app_over(core: Supervisor, *, enabled: bool) -> RouterApp:
+    """The router's app, whose route table holds the fault route only when `enabled`."""
+    config = SrConfig()
+    return RouterApp(
+        core,
+        config,
+        metrics=RouterMetrics(core.inventory),
+        cache=ResultCache(0),
+        fault_injection=enabled,
+    )
 
 
 async def test_disabled_route_is_a_plain_404_and_touches_no_worker():
     transport = FakeTransport()
-    answer = await post(FaultRoute(core_over(transport), enabled=False), fault())
-    assert answer.status == 404
-    assert answer.json()["error"]["code"] == "not_found"
+    app = app_over(core_over(transport), enabled=False)
+    for method in ("POST", "GET"):
+        answer = await post(app, fault(), method=method)
+        assert answer.status == 404
+        assert answer.json()["error"]["code"] == "not_found"
+        assert "SR_FAULT_INJECTION=1" in answer.json()["error"]["message"]
     assert transport.calls == []
 
 
 async def test_forwards_mode_and_slow_ms_to_the_replica_by_index():
     first = FakeTransport()
     second = FakeTransport(answer=(200, {}, b'{"mode":"slow","slow_ms":50}'))
-    answer = await post(
-        FaultRoute(core_over(first, second), enabled=True), fault(mode="slow", slow_ms=50)
-    )
+    answer = await post(FaultRoute(core_over(first, second)), fault(mode="slow", slow_ms=50))
     assert answer.status == 200, answer.body
     assert answer.json() == {
         "replica": "primary-00000001",
@@ -116,7 +124,7 @@ async def test_forwards_mode_and_slow_ms_to_the_replica_by_index():
 
 async def test_replica_by_id():
     first, second = FakeTransport(), FakeTransport()
-    route = FaultRoute(core_over(first, second), enabled=True)
+    route = FaultRoute(core_over(first, second))
     answer = await post(route, fault(replica="primary-00000000", mode="none"))
     assert answer.status == 200
     assert answer.json()["replica"] == "primary-00000000"
@@ -142,7 +150,7 @@ async def test_replica_by_id():
 )
 async def test_bad_requests_are_named_4xx(fields, status, code):
     transport = FakeTransport()
-    route = FaultRoute(core_over(transport, FakeTransport()), enabled=True)
+    route = FaultRoute(core_over(transport, FakeTransport()))
     answer = await post(route, fault(**fields))
     assert answer.status == status, answer.body
     assert answer.json()["error"]["code"] == code
@@ -153,20 +161,20 @@ async def test_bad_requests_are_named_4xx(fields, status, code):
     "raw", [b"", b"{", b"[]", b'"x"', b"\xff\xfe", b"[" * 100_000, b"{}" + b" " * 5000]
 )
 async def test_malformed_bodies_are_400_or_413(raw):
-    answer = await post(FaultRoute(core_over(FakeTransport()), enabled=True), raw)
+    answer = await post(FaultRoute(core_over(FakeTransport())), raw)
     assert answer.status in (400, 413)
     assert answer.json()["error"]["code"] in ("invalid_request", "request_too_large")
 
 
 async def test_get_is_405():
-    answer = await post(FaultRoute(core_over(FakeTransport()), enabled=True), b"", method="GET")
+    answer = await post(app_over(core_over(FakeTransport()), enabled=True), b"", method="GET")
     assert answer.status == 405
     assert answer.headers["allow"] == "POST"
 
 
 async def test_worker_without_fault_injection_is_503_not_a_confusing_404():
     refusing = FakeTransport(answer=(404, {}, b'{"error":{"code":"not_found","message":"x"}}'))
-    answer = await post(FaultRoute(core_over(FakeTransport(), refusing), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), refusing)), fault())
     assert answer.status == 503
     assert "SR_FAULT_INJECTION=1" in answer.json()["error"]["message"]
 
@@ -174,14 +182,14 @@ async def test_worker_without_fault_injection_is_503_not_a_confusing_404():
 async def test_worker_400_passes_as_400_with_its_message():
     refused = b'{"error":{"code":"invalid_request","message":"m!"}}'
     refusing = FakeTransport(answer=(400, {}, refused))
-    answer = await post(FaultRoute(core_over(FakeTransport(), refusing), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), refusing)), fault())
     assert answer.status == 400
     assert "m!" in answer.json()["error"]["message"]
 
 
 async def test_transport_error_is_502():
     broken = FakeTransport(error=TransportError("ConnectError"))
-    answer = await post(FaultRoute(core_over(FakeTransport(), broken), enabled=True), fault())
+    answer = await post(FaultRoute(core_over(FakeTransport(), broken)), fault())
     assert answer.status == 502
     assert answer.json()["error"]["code"] == "worker_failed"
 
@@ -189,7 +197,7 @@ async def test_transport_error_is_502():
 async def test_replica_without_worker_is_503():
     core = core_over(FakeTransport(), FakeTransport())
     core.pools["primary"].runners["primary-00000001"].transport = None
-    answer = await post(FaultRoute(core, enabled=True), fault())
+    answer = await post(FaultRoute(core), fault())
     assert answer.status == 503
     assert answer.json()["error"]["code"] == "unavailable"
 
@@ -197,7 +205,7 @@ async def test_replica_without_worker_is_503():
 async def test_stopped_worker_times_out_bounded(autojump_clock):
     core = core_over(FakeTransport(), FakeTransport(hang=True))
     with trio.fail_after(10):
-        answer = await post(FaultRoute(core, enabled=True), fault())
+        answer = await post(FaultRoute(core), fault())
     assert answer.status == 504
     assert answer.json()["error"]["code"] == "timeout"
 

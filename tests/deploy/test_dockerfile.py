@@ -14,13 +14,12 @@ import re
 import shlex
 import tomllib
 
+import dockerfile
 import pytest
 
 from sr.config.schema import Listener
 from sr.settings import DEFAULT_READY_TIMEOUT, parse_duration
 from tests.deploy.manifests import REPO
-
-dockerfile = pytest.importorskip("dockerfile")
 
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
 DOCKERIGNORE = REPO / "deploy" / "docker" / "Dockerfile.dockerignore"

@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import functools
 
+import cloudcoil.models.prometheus_operator.v1 as prometheus_operator
+import kubernetes_validate
 import pytest
+from kubernetes_validate.utils import all_versions
 
 from tests.deploy.manifests import overlays, rendered
-
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
-from kubernetes_validate.utils import all_versions  # noqa: E402 - after the skip
 
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 EXPECTED_OVERLAYS = {
@@ -69,11 +69,8 @@ def test_strict_validation_rejects_a_misspelt_field():
 
 
 def _service_monitor_model():
-    module = pytest.importorskip(
-        "cloudcoil.models.prometheus_operator.v1",
-        reason="cloudcoil-models-prometheus-operator (test extra) checks the ServiceMonitor",
-    )
-    return module.ServiceMonitor
+    # cloudcoil-models-prometheus-operator (test extra) checks the ServiceMonitor
+    return prometheus_operator.ServiceMonitor
 
 
 def _strict_round_trip(doc: dict) -> dict:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from sr.models import load_model
 from sr.models.testing import write_tiny_bert
@@ -15,7 +16,6 @@ from tests.models.reference import VOCAB, write_reference
 from tests.serve_process import ServeProcess
 
 pytestmark = pytest.mark.e2e
-transformers = pytest.importorskip("transformers")
 
 LABELS = {0: "billing", 1: "greeting", 2: "complaint"}
 QUERY = "where is my invoice"

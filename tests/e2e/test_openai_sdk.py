@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 
+import openai
 import pytest
 
 from tests.serve_process import ServeProcess, serve_config
-
-openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.e2e
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 
+import huggingface_hub
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from sr.models.artifacts import EMBEDDED_DEFAULT, embedded_default_dir
 from sr.models.testing import write_tiny_bert
 from tests.serve_process import ServeProcess, serve_config
 
 pytestmark = pytest.mark.e2e
-huggingface_hub = pytest.importorskip("huggingface_hub")
-transformers = pytest.importorskip("transformers")
 
 TEXTS = ["hello world", "The invoice was sent by mail on Tuesday."]
 QUERY = "where is my invoice"

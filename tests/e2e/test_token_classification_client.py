@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import warnings
 
+import huggingface_hub
 import pytest
 
 from tests.models.token_models import reference_pipeline, write_token_model
 from tests.serve_process import ServeProcess, serve_config
 
 pytestmark = pytest.mark.e2e
-huggingface_hub = pytest.importorskip("huggingface_hub")
-pytest.importorskip("transformers")
 
 TEXTS = ["My name is Wolfgang and I live in Berlin.", "Call +1 (555) 010-9999, Zoë!"]
 

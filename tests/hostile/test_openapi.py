@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from sr import request_id
 from sr.errors import InvalidRequest
-from sr.http import request_id
 from sr.router.app import NATIVE_ROUTES, RouterApp
 from sr.router.cache import ResultCache
 from sr.router.faults import FAULTS_PATH
@@ -22,14 +22,19 @@ SPEC = Path(__file__).resolve().parents[2] / "sr" / "router" / "openapi.yaml"
 def test_every_served_route_is_described():
     config = make_config({"primary": 1})
     core = FakeRouterCore(config)
-    app = RouterApp(core, config, metrics=RouterMetrics(core.inventory), cache=ResultCache(0))
+    metrics = RouterMetrics(core.inventory)
+    app = RouterApp(core, config, metrics=metrics, cache=ResultCache(0), fault_injection=True)
     paths = yaml.safe_load(SPEC.read_text())["paths"]
-    served = {*NATIVE_ROUTES, *app._get_routes, "/api/v1/reload", FAULTS_PATH}
-    assert served <= set(paths), served - set(paths)
-    for route in NATIVE_ROUTES:
-        assert "post" in paths[route]
-    for route in app._get_routes:
-        assert "get" in paths[route]
+    # The app's route table, every path and method, is what the document describes.
+    served = {(path, method.lower()) for path, methods in app._routes.items() for method in methods}
+    served |= {
+        (prefix + "{model}", method.lower())
+        for prefix, methods in app._prefix_routes
+        for method in methods
+    }
+    described = {(path, method) for path, operations in paths.items() for method in operations}
+    assert served == described
+    assert FAULTS_PATH in app._routes and set(app._routes) >= NATIVE_ROUTES
 
 
 def test_error_schema_matches_the_wire_shape():

@@ -5,6 +5,7 @@ alone and packed with rows of other lengths."""
 from __future__ import annotations
 
 import pytest
+import transformers
 
 from sr.models import load_model
 from tests.models.reference import (
@@ -15,8 +16,6 @@ from tests.models.reference import (
     reference_logits,
     write_reference,
 )
-
-transformers = pytest.importorskip("transformers")
 
 # Equal lengths share an attention group, gathered into one tensor: the 5s side by side,
 # the 17s with other rows between them; the other lengths attend alone.

@@ -189,7 +189,7 @@ def test_rows_are_the_same_alone_and_packed_on_each_kernel(tmp_path, name, threa
     try:
         model = load_model(folder, kernel=kernel)
     except ValueError as error:  # oneDNN unavailable on this host
-        pytest.skip(str(error))
+        pytest.skip(f"oneDNN is not available on this host: {error}")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

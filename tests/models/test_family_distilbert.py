@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from sr.errors import UnsupportedModel
@@ -30,8 +31,6 @@ from tests.models.reference import (
     sr_hidden,
 )
 from tests.models.token_models import reference_model as reference_token_model
-
-transformers = pytest.importorskip("transformers")
 
 LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # the 17s apart (see test_families)
 TOLERANCE = 1e-5
@@ -213,7 +212,7 @@ def test_rows_are_the_same_alone_and_packed_on_each_kernel(tmp_path, name, kerne
     try:
         model = load_model(folder, kernel=kernel)
     except ValueError as error:  # oneDNN unavailable on this host
-        pytest.skip(str(error))
+        pytest.skip(f"oneDNN is not available on this host: {error}")
     assert model.kernel_card["linear"] == kernel
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

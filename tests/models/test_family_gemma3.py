@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors.torch import save_file
 
 from sr.errors import UnsupportedModel
@@ -28,8 +29,6 @@ from tests.models.reference import (
     sr_hidden,
     write_reference,
 )
-
-transformers = pytest.importorskip("transformers")
 
 # Equal lengths share an attention group (the 5s side by side, the 17s apart); with a
 # window of 8 (each token sees 4 each side) rows of 1-5 tokens need no window mask, 6 is
@@ -310,8 +309,10 @@ torch.save(model.encode(texts, convert_to_tensor=True).float(), out)
 
 
 def test_embedding_folder_matches_sentence_transformers(embedding_folder, tmp_path):
-    if importlib.util.find_spec("sentence_transformers") is None:
-        pytest.skip("sentence-transformers is not installed (pip install '.[bench]')")
+    # A test dependency (the test extra), run in a child: it is never imported here.
+    assert importlib.util.find_spec("sentence_transformers") is not None, (
+        "sentence-transformers is not installed (pip install -e '.[test]')"
+    )
     out = tmp_path / "st.pt"
     done = subprocess.run(
         [sys.executable, "-c", _ST_ENCODE, str(embedding_folder), str(out), *TEXTS],

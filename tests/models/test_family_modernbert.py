@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
@@ -24,8 +25,6 @@ from tests.models.reference import (
     sr_hidden,
     write_reference,
 )
-
-transformers = pytest.importorskip("transformers")
 
 # local_attention=8 reaches 4 tokens each side: the rows of 17 and 40 tokens meet the
 # window on local layers, the rows of 1, 3 and 5 tokens fit inside it. Equal lengths (5, 5)

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
@@ -22,8 +23,6 @@ from tests.models.reference import (
     reference_logits,
     write_reference,
 )
-
-transformers = pytest.importorskip("transformers")
 
 # Equal lengths (5, 5) share an attention group. The rows of 40 and 150 tokens reach past
 # the 16 exact buckets into the log-spaced ones; 150 reaches the last bucket of each

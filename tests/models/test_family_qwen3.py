@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+import transformers
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
@@ -22,8 +23,6 @@ from tests.models.reference import (
     sr_hidden,
     write_reference,
 )
-
-transformers = pytest.importorskip("transformers")
 
 # Rows of different lengths packed together; the two 5s share an attention group.
 LENGTHS = [1, 5, 5, 17, 40, 3, 17]  # the 17s apart (see test_families)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
 from sr.models import kernels, linear, load_model
 from sr.models.gemm_rows import PROBE_ROWS
@@ -169,7 +170,6 @@ def test_consistent_rows_do_not_depend_on_the_row_count(kernel, n_out):
 
 # -- every family on the packed kernel -------------------------------------------------------
 
-transformers = pytest.importorskip("transformers")
 LENGTHS = [1, 2, 5, 5, 17, 40, 3]
 SMALL = dict(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=4)
 FAMILIES = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from reference import VOCAB, random_rows, sr_hidden, write_reference
 
 from sr.models import EMBEDDED_DEFAULT, golden_check, load_model, resolve_artifact
@@ -38,7 +39,6 @@ def minilm_dir():
 
 
 def _families():
-    transformers = pytest.importorskip("transformers")
     common = dict(vocab_size=VOCAB, num_attention_heads=4)
     return {
         "bert": transformers.BertConfig(
@@ -110,7 +110,6 @@ def test_bfloat16_hidden_states_are_as_close_to_float32_as_transformers_at_bfloa
     """The upcasts mirror transformers' (RMSNorm variance in float32, ModernBERT's rotary
     in float32, rotary tables cast to the dtype): sr's bfloat16 error is of the size of
     transformers' own bfloat16 error (measured ratio 0.7-1.1 over the four families)."""
-    transformers = pytest.importorskip("transformers")
     rows = random_rows([1, 5, 17, 40])
     auto = transformers.AutoModel
 

@@ -14,13 +14,12 @@ import shutil
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 
 from sr.errors import UnsupportedModel
 from sr.models import load_model
 from tests.models.reference import VOCAB, random_rows, reference_hidden, write_reference
-
-transformers = pytest.importorskip("transformers")
 
 HIDDEN = 32
 LENGTHS = [1, 4, 4, 9, 23, 60, 2]

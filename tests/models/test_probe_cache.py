@@ -1,5 +1,5 @@
 """The kernel probe's answer kept on disk (sr.models.probe_cache), and the model's fork
-server taking it instead of probing (sr.pool.model_server)."""
+server taking it instead of probing (sr.worker.model_server)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from sr.models import probe_cache
-from sr.pool import model_server
 from sr.settings import host_cache_dir, native_library_variables
+from sr.worker import model_server
 
 CPU = torch.device("cpu")
 CHOICE = {"linear": "onednn", "reason": "rows consistent from 2 row(s) on"}

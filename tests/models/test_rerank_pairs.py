@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from sr.models import load_model
 from tests.models.reference import VOCAB, reference_model, write_reference
-
-transformers = pytest.importorskip("transformers")
 
 TOLERANCE = 1e-5
 QUERY = "how do rerankers score documents"

@@ -21,6 +21,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 
 from sr.errors import UnsupportedModel
@@ -36,8 +37,6 @@ from tests.models.token_models import (
     reference_pipeline,
     write_token_model,
 )
-
-transformers = pytest.importorskip("transformers")
 
 TOLERANCE = 1e-5
 SCORE_TOLERANCE = 1e-5

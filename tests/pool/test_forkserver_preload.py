@@ -1,4 +1,4 @@
-"""A deployment's fork server (sr.pool.forked.ModelForkServer, sr.pool.model_server): real
+"""A deployment's fork server (sr.pool.forked.ModelForkServer, sr.worker.model_server): real
 processes, tiny model on oneDNN (asked by name: packed weights, what preloading shares).
 Replicas come from it and answer as a spawned worker does, bit for bit; a killed replica
 restarts from it; a killed server is replaced; a server that cannot load means the router's
@@ -214,7 +214,7 @@ def test_the_model_server_measures_the_one_thread_cut_offs_before_forking(tiny_m
     script = (
         "import sys\n"
         "from sr.models import gemm_rows\n"
-        "from sr.pool import model_server\n"
+        "from sr.worker import model_server\n"
         "model_server.preload(sys.argv[1:])\n"
         "print(sorted({(key[1], key[4]) for key in gemm_rows._cut_offs}))\n"
     )

@@ -9,7 +9,7 @@ import pytest
 from sr.errors import Overloaded, Unavailable
 from sr.pool.backoff import RestartBackoff, capped_doubling
 from sr.pool.outcome import Outcome, outcome_of_status
-from sr.pool.state import IllegalTransition, ReplicaState, check_transition
+from sr.pool.state import IllegalTransition, ReplicaState, check_transition, is_dropped
 
 
 def test_idle_sequential_requests_spread_evenly(make_policy):
@@ -137,6 +137,14 @@ def test_state_table_forbids_leaving_terminal_states():
         check_transition(ReplicaState.FAILED, ReplicaState.READY)
     with pytest.raises(IllegalTransition):
         check_transition(ReplicaState.DRAINING, ReplicaState.READY)
+
+
+def test_a_draining_replica_drops_what_it_reports_later():
+    # DRAINING is never left: a late probe or exit is dropped, not an illegal move.
+    for new in ReplicaState:
+        assert is_dropped(ReplicaState.DRAINING, new) is (new is not ReplicaState.DRAINING)
+        if new is not ReplicaState.DRAINING:
+            assert not is_dropped(new, ReplicaState.DRAINING)
 
 
 def test_restart_backoff_doubles_to_60_and_resets_after_two_healthy_minutes():

@@ -16,7 +16,6 @@ from sr.errors import (
     ModelNotFound,
     Overloaded,
     ReloadInProgress,
-    UsageError,
     WorkerFailed,
 )
 from sr.events import RecordingSink
@@ -25,7 +24,6 @@ from sr.pool.identity import replica_identities
 from sr.pool.outcome import Outcome
 from sr.pool.views import startup_status_json
 from sr.router.reload import ConfigReloader
-from sr.settings import Settings, parse_duration
 
 
 @pytest.fixture
@@ -276,30 +274,6 @@ def test_a_dtype_change_is_a_new_identity_and_auto_keeps_the_old_one():
     f32 = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="float32"), 2)
     bf16 = replica_identities("p", Deployment(artifact="a", device="cpu", dtype="bfloat16"), 2)
     assert same == base and bf16[0][0] != base[0][0] and f32[0][0] != base[0][0]
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("90s", 90), ("10m", 600), ("1h", 3600), ("250ms", 0.25), ("5", 5)]
-)
-def test_parse_duration(text, seconds):
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["", "10x", "-1s", "0s", "m"])
-def test_parse_duration_rejects(text):
-    with pytest.raises(UsageError, match=r"duration|greater than zero"):
-        parse_duration(text)
-
-
-def ready_timeout_s(environ: dict[str, str]) -> float:
-    return Settings.from_environ(environ).ready_timeout_s
-
-
-def test_ready_timeout_default_and_env():
-    assert ready_timeout_s({}) == 600
-    assert ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "90s"}) == 90
-    with pytest.raises(UsageError, match="VLLM_SRUN_READY_TIMEOUT"):
-        ready_timeout_s({"VLLM_SRUN_READY_TIMEOUT": "soon"})
 
 
 async def test_request_whose_worker_died_is_retried_once_on_another(

@@ -13,10 +13,10 @@ import trio
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import LINE_ATTR, RecordingSink
+from sr.logs import JsonLineFormatter, TextLineFormatter
 from sr.pool import open_router
 from sr.pool import replica as replica_module
 from sr.pool.worker_log import WorkerLogRelay, describe_exit
-from sr.router.logs import JsonLineFormatter, TextLineFormatter
 
 
 class Records(logging.Handler):

@@ -1,16 +1,8 @@
-"""Result cache: keys, 200-only, readiness clears, env parsing."""
+"""Result cache: keys, 200-only, readiness clears (its size: tests/test_settings.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from sr.errors import UsageError
-from sr.router.cache import (
-    DEFAULT_RESULT_CACHE_ENTRIES,
-    ResultCache,
-    cache_key,
-    result_cache_entries_from_env,
-)
+from sr.router.cache import ResultCache, cache_key
 
 
 def test_key_ignores_key_order_but_not_model_route_or_content():
@@ -61,19 +53,3 @@ def test_cache_off_with_zero():
     cache = ResultCache(0)
     cache.configure({"a": 1})
     assert not cache.enabled_for("a")
-
-
-@pytest.mark.parametrize(
-    ("value", "entries"),
-    [(None, DEFAULT_RESULT_CACHE_ENTRIES), ("", DEFAULT_RESULT_CACHE_ENTRIES), ("0", 0),
-     ("17", 17), (" 5 ", 5)],
-)  # fmt: skip
-def test_env_values(value, entries):
-    environ = {} if value is None else {"VLLM_SRUN_RESULT_CACHE": value}
-    assert result_cache_entries_from_env(environ) == entries
-
-
-@pytest.mark.parametrize("value", ["-1", "many", "1.5", "1e3"])
-def test_bad_env_values_are_config_errors(value):
-    with pytest.raises(UsageError, match="VLLM_SRUN_RESULT_CACHE must be"):
-        result_cache_entries_from_env({"VLLM_SRUN_RESULT_CACHE": value})

@@ -13,11 +13,11 @@ import attrs
 import pytest
 import trio
 
+from sr import logs
 from sr.errors import UsageError
 from sr.events import EventSink
+from sr.logs import AccessLog, configure_logging, format_unlocked, resolve_log_format
 from sr.pool.views import DeploymentView, Inventory
-from sr.router import logs
-from sr.router.logs import AccessLog, configure_logging, format_unlocked, resolve_log_format
 from sr.router.serve import serve
 from sr.router.startup import ReplicaCount, StartupProgress, replica_counts
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from sr.http import request_id
+from sr import request_id
+from sr.logs import AccessLog, JsonLineFormatter
 from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
-from sr.router.logs import AccessLog, JsonLineFormatter
 from sr.router.metrics import RouterMetrics
 
 from .asgi_client import call

@@ -4,6 +4,7 @@ import pytest
 import torch
 from threads_fakes import CostedForward, FakeClock
 
+from sr import models
 from sr.worker.adaptive import LearningSettings
 from sr.worker.threads import ForwardRunner
 
@@ -58,7 +59,6 @@ def test_a_count_that_drifts_never_reaches_the_answer():
 
 
 def test_embedded_minilm_gives_the_same_bytes_with_learning_on_and_off():
-    models = pytest.importorskip("sr.models")
     model = models.load_model(models.resolve_artifact("sentence-transformers/all-MiniLM-L6-v2"))
     ids = model.tokenize(TEXTS)
     batches = []

@@ -13,6 +13,7 @@ import pytest
 from worker_fakes import passing_golden, post, running
 
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 
 HELLO_WORLD_IDS = [7592, 2088]  # "hello world" without [CLS]/[SEP] (MiniLM vocabulary)
 VOCAB = 30522
@@ -62,7 +63,7 @@ async def test_dimensions_cut_and_renormalise(worker):
 async def test_dimensions_without_normalize_only_cut(unnormalized_model_dir):
     opts = options(unnormalized_model_dir)
     async with running(opts, golden_check_fn=passing_golden) as service:
-        assert service.state == "ready", service.reason
+        assert service.state is WorkerState.READY, service.reason
         assert service.model.normalize is False
         full = (await _embed(service, input="hello world"))["data"][0]["embedding"]
         cut = (await _embed(service, input="hello world", dimensions=5))["data"][0]["embedding"]

@@ -3,8 +3,8 @@
 import json
 import logging
 
-from sr.http import request_id
-from sr.router.logs import JsonLineFormatter
+from sr import request_id
+from sr.logs import JsonLineFormatter
 from sr.worker.http import request_names
 
 

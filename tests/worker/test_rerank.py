@@ -10,6 +10,7 @@ from worker_fakes import passing_golden, post, running
 
 from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 from sr.worker.validation import MAX_INPUTS
 
 QUERY = "where is the invoice"
@@ -27,7 +28,7 @@ def cross_encoder_dir(tmp_path_factory):
 async def reranker(cross_encoder_dir):
     opts = WorkerOptions(artifact=str(cross_encoder_dir))
     async with running(opts, golden_check_fn=passing_golden) as service:
-        assert service.state == "ready", service.reason
+        assert service.state is WorkerState.READY, service.reason
         yield service
 
 

@@ -10,6 +10,7 @@ from worker_fakes import FakeModel, GoldenResult, fake_service_kwargs, get, post
 from sr.errors import ArtifactNotFound
 from sr.worker.options import WorkerOptions
 from sr.worker.service import WorkerService
+from sr.worker.state import WorkerState
 
 
 async def test_health_walks_through_loading_to_ready(fake_model):
@@ -62,11 +63,13 @@ async def test_missing_artifact_and_missing_device_fail_with_a_reason(fake_model
         raise ArtifactNotFound("looked in /nowhere")
 
     async with running(WorkerOptions(artifact="org/missing"), load_model_fn=not_found) as svc:
-        assert svc.state == "failed"
+        assert svc.state is WorkerState.FAILED
         assert svc.reason == "artifact not found: looked in /nowhere"
     kwargs = fake_service_kwargs(fake_model)
     async with running(WorkerOptions(artifact="fake", device="cuda:7"), **kwargs) as svc:
-        assert svc.state == "failed" and svc.reason.startswith("device not available: cuda:7")
+        assert svc.state is WorkerState.FAILED and svc.reason.startswith(
+            "device not available: cuda:7"
+        )
 
 
 async def test_card_reports_limits_probe_and_batching(fake_model):

@@ -14,6 +14,7 @@ from worker_fakes import passing_golden, post, running
 
 from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 from sr.worker.validation import MAX_BODY_BYTES, MAX_INPUTS
 
 
@@ -24,7 +25,7 @@ def options(model_dir, **kw) -> WorkerOptions:
 @pytest.fixture
 async def head_worker(tiny_head_model_dir):
     async with running(options(tiny_head_model_dir), golden_check_fn=passing_golden) as service:
-        assert service.state == "ready", service.reason
+        assert service.state is WorkerState.READY, service.reason
         yield service
 
 

@@ -23,6 +23,7 @@ from sr.events import RecordingSink
 from sr.models import EMBEDDED_DEFAULT
 from sr.worker import cli
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 
 NATIVE_BF16 = frozenset({"avx512f", "avx512_bf16"})
 NO_BF16 = frozenset({"avx512f", "avx2"})
@@ -76,7 +77,7 @@ async def test_the_card_and_start_log_say_which_dtype_is_served_and_why(
         "host_cpu_flags": flags,
     }
     async with running(opts, events=events, **kwargs) as svc:
-        assert svc.state == "ready", svc.reason
+        assert svc.state is WorkerState.READY, svc.reason
         card = (await get(svc, "/v1/models"))[1]["data"][0]
     assert seen == [served]
     assert card["dtype"] == served
@@ -94,7 +95,7 @@ async def test_a_real_throughput_worker_reports_its_golden_deviation_from_float3
     recorded float32 references inside the bfloat16 bound (1e-2, 0.999), issue 16's 0.999."""
     opts = WorkerOptions(artifact=EMBEDDED_DEFAULT, profile="throughput", dtype="auto")
     async with running(opts) as svc:
-        assert svc.state == "ready", svc.reason
+        assert svc.state is WorkerState.READY, svc.reason
         card = svc.card()
     golden = card["golden"]
     assert golden["status"] == "passed"

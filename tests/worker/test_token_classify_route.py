@@ -12,9 +12,8 @@ import trio
 from worker_fakes import passing_golden, post, running
 
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 from tests.models.token_models import reference_pipeline, write_token_model
-
-pytest.importorskip("transformers")
 
 TEXTS = [
     "My name is Wolfgang and I live in Berlin.",
@@ -39,7 +38,7 @@ def pipe(token_dir):
 @pytest.fixture
 async def token_worker(token_dir):
     async with running(WorkerOptions(artifact=str(token_dir))) as service:  # real golden check
-        assert service.state == "ready", service.reason
+        assert service.state is WorkerState.READY, service.reason
         yield service
 
 

@@ -14,6 +14,7 @@ from sr.events import RecordingSink
 from sr.models import EMBEDDED_DEFAULT
 from sr.worker import cli
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 
@@ -79,7 +80,7 @@ async def test_a_worker_serving_bfloat16_answers_embeddings_close_to_float32(tin
     for dtype in ("float32", "bfloat16"):
         opts = WorkerOptions(artifact=str(tiny_model_dir), dtype=dtype)
         async with running(opts) as svc:
-            assert svc.state == "ready", svc.reason
+            assert svc.state is WorkerState.READY, svc.reason
             status, body = await post(svc, "/v1/embeddings", {"input": TEXTS})
             card = (await get(svc, "/v1/models"))[1]["data"][0]
         assert status == 200, body
@@ -98,7 +99,7 @@ async def test_a_worker_serving_bfloat16_answers_embeddings_close_to_float32(tin
 async def test_the_embedded_minilm_passes_its_golden_check_served_at_bfloat16():
     opts = WorkerOptions(artifact=EMBEDDED_DEFAULT, dtype="bfloat16")
     async with running(opts) as svc:
-        assert svc.state == "ready", svc.reason
+        assert svc.state is WorkerState.READY, svc.reason
         status, body = await post(svc, "/v1/embeddings", {"input": "hello"})
         card = svc.card()
     assert status == 200 and len(body["data"][0]["embedding"]) == 384

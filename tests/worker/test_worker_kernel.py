@@ -16,6 +16,7 @@ from sr.pool.identity import replica_identities
 from sr.pool.replica import incompatibility, worker_argv
 from sr.worker.cli import parse_args
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 
 TEXTS = ["a kernel pinned by the config", "and one the host picks"]
 
@@ -74,7 +75,7 @@ async def test_a_pinned_blas_worker_reports_it_and_answers_like_the_probed_one(t
     answers, cards = {}, {}
     for kernel in ("auto", "blas"):
         async with running(WorkerOptions(artifact=str(tiny_model_dir), kernel=kernel)) as svc:
-            assert svc.state == "ready", svc.reason
+            assert svc.state is WorkerState.READY, svc.reason
             status, body = await post(svc, "/v1/embeddings", {"input": TEXTS})
             cards[kernel] = (await get(svc, "/v1/models"))[1]["data"][0]["kernel"]
         assert status == 200, body

@@ -13,9 +13,9 @@ from sr.http.asgi_adapter import AsgiAdapter
 from sr.http.body import COMPLETE_BODY_EXTENSION
 from sr.http.limits import HttpLimits
 from sr.http.server import H1Server
-
-from .serving import serving
-from .test_app import CANCELED_LINE, build, stalling
+from tests.router.fake_core import echo_embeddings
+from tests.router.serving import serving
+from tests.router.test_app import CANCELED_LINE, build, stalling
 
 EMBED = json.dumps({"model": "primary", "input": "a"}).encode()
 
@@ -118,7 +118,6 @@ async def test_pipelined_request_during_a_dispatch_is_answered_after_it():
     async def handler(deployment, path, raw, timeout_s):
         calls.append(path)
         await release.wait()
-        from .fake_core import echo_embeddings
 
         return await echo_embeddings(deployment, path, raw, timeout_s)
 
@@ -168,7 +167,6 @@ async def test_head_has_no_body_and_shutdown_lets_in_flight_finish():
 
     async def handler(deployment, path, raw, timeout_s):
         await release.wait()
-        from .fake_core import echo_embeddings
 
         return await echo_embeddings(deployment, path, raw, timeout_s)
 

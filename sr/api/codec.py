@@ -1,13 +1,13 @@
-"""Bodies out and answers in for Supervisor's typed helpers (the results: sr.api).
+"""Bodies out and answers in for the typed helpers (sr.api.typed; the results: sr.api.results).
 
 The rules:
 
 - A helper sends the body an HTTP caller of the same route would send, so the worker
   validates it and its errors name the same fields (`input[1]: ...`). `model` is always
-  the deployment's artifact, as the router front end sends it (Supervisor adds it).
+  the deployment's artifact, as the router front end sends it (sr.api.typed adds it).
 - An error answer from a worker becomes the sr.errors class with its (status, code),
   carrying the worker's message and `param`; a pair sr does not know keeps the worker's
-  status and code on a plain RequestError, so nothing is relabelled. Supervisor.request
+  status and code on a plain RequestError, so nothing is relabelled. The untyped `request`
   uses the same mapping.
 - An answer that does not have the documented shape (an attached worker of another
   version, say) is WorkerFailed naming what was wrong, never a KeyError or TypeError.
@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard, TypeVar
 
-from sr.api import (
+from sr.api.results import (
     Classification,
     Classifications,
     Decision,

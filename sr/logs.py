@@ -7,7 +7,7 @@ Rules:
 * Every record is first one structured line (`line_of`): an event's own line (sr.events),
   a relayed worker line (sr.pool.worker_log), or a plain record wrapped as `{"ts", "event":
   "log", "level", "logger", "message"}`, plus `request_id` when the record was logged
-  while a request was being answered (sr.http.request_id). A process's context (a worker's
+  while a request was being answered (sr.request_id). A process's context (a worker's
   deployment,
   replica and pid) is merged in right after "event", never over a field of the line.
 * A worker's last words when its parent is gone (sr.worker.parent_watch) go through the
@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from sr.errors import UsageError
 from sr.events import LINE_ATTR, WORKER_ATTR
-from sr.http.request_id import current as current_request_id
+from sr.request_id import current as current_request_id
 
 LOG_FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "SR_LOG_FORMAT"

@@ -1,8 +1,8 @@
-"""The typed Python API's results: what Supervisor's helpers give back (docs/python-api.md).
+"""The typed Python API's results: what its helpers give back (docs/python-api.md).
 
-`router.embed`, `router.classify`, `router.decide` and `router.rerank` (sr.pool.supervisor)
-answer with these frozen attrs classes; sr.api_codec builds the bodies and reads the
-workers' answers into them. The rules:
+`router.embed`, `router.classify`, `router.decide` and `router.rerank` (sr.api.typed, held
+by sr.pool.supervisor.Supervisor) answer with these frozen attrs classes; sr.api.codec
+builds the bodies and reads the workers' answers into them. The rules:
 
 - Field names follow the wire (OpenAI / the native routes), sequences are tuples, and
   every result is in input order (rerank: best first, as the route answers).
