@@ -128,7 +128,7 @@ def cache_key(model, backbone) -> str:
 
 def export_graph(model, backbone, cache_dir: Path | None) -> ExportedGraph:
     """The verified ONNX graph of `model`'s backbone: kept, or made now in a child process
-    (`main`), which imports onnxruntime where this process never does."""
+    (sr.models.onnx_export), which imports onnxruntime where this process never does."""
     key = cache_key(model, backbone)
     if cache_dir is None:  # the cache is off: made in a temporary folder, held in memory
         with tempfile.TemporaryDirectory(prefix="sr-onnx-") as folder:
@@ -147,11 +147,11 @@ def export_graph(model, backbone, cache_dir: Path | None) -> ExportedGraph:
 
 
 def _export_in_child(model, kept: Path) -> ExportedGraph:
-    command = [sys.executable, "-m", "sr.models.onnx_engine", str(model.artifact_dir), str(kept)]
+    command = [sys.executable, "-m", "sr.models.onnx_export", str(model.artifact_dir), str(kept)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"the export exited {done.returncode}"]
-        raise UnsupportedModel(lines[-1].removeprefix("sr.models.onnx_engine: "))
+        raise UnsupportedModel(lines[-1].removeprefix("sr.models.onnx_export: "))
     made = json.loads(done.stdout)
     return ExportedGraph(kept, made["graph"], "exported", made["export_s"], made["max_difference"])
 
@@ -360,23 +360,3 @@ class OrtBackbone:
         if self._threads is not None:
             card["threads"] = self._threads
         return card
-
-
-def main(argv: list[str]) -> int:
-    """`python -m sr.models.onnx_engine FOLDER KEPT`: export FOLDER's backbone to KEPT (a
-    resolved model folder, as load_model takes it); prints the sidecar's JSON."""
-    from sr.models.encoder import load_model
-
-    folder, kept = argv
-    try:
-        model = load_model(Path(folder), kernel="blas")
-        made = export_verified(model.backbone, Path(kept))
-    except UnsupportedModel as error:
-        print(f"sr.models.onnx_engine: {error}", file=sys.stderr)
-        return 2
-    print(json.dumps(made))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
