@@ -9,7 +9,7 @@ text at 2 threads took 80-160 ms with libgomp spinning 20k-300k times before sle
 slows the quiet one: a forward after an idle pause at 1000 spins runs at one core's pace
 (43 ms against 22-25 at 20k), its peer asleep between operators. With yielding, workers
 spin 20k times (sr.pool.replica) and a loaded host's forwards run at the threads it has
-free (docs/benchmarks.md, "Yielding cores").
+free (docs/benchmarks-history.md, "Yielding cores").
 
 Rules:
 * Only CPU workers whose configured count is above 1, in adaptive mode 0 (in modes 1 and

@@ -3,7 +3,7 @@
 Why. torch runs each operator of a multi-thread forward as an OpenMP parallel region: the
 device thread is member 0 of the team, libgomp's pool threads (the peers) are the others,
 and all of them meet at a barrier after every region, spinning GOMP_SPINCOUNT times before
-they sleep. Traced with `perf sched` on a 2-vCPU VM (docs/benchmarks.md, "OpenMP peers
+they sleep. Traced with `perf sched` on a 2-vCPU VM (docs/benchmarks-history.md, "OpenMP peers
 after idleness"): after an idle pause Linux woke the sleeping peer on the device thread's
 own CPU, not on the idle one (likely because an idle virtual CPU reports itself preempted
 and the scheduler's idle-CPU search skips it; the trace shows the effect, not the cause),
