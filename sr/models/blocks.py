@@ -240,7 +240,9 @@ def _traced_attention(q, k, v, mask, scale, causal, length) -> torch.Tensor:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     if causal and mask is None:
         mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    # Both sides scaled by the root of the scale, as torch's own SDPA math does.
+    root = math.sqrt(scale)
+    scores = torch.matmul(q * root, k.transpose(-1, -2) * root)
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
