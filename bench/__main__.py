@@ -1,11 +1,11 @@
-"""Run the benchmarks one after another and write docs/benchmarks.md with its plots.
+"""Run the benchmarks one after another and write bench/results/report.md with the plots.
 
     python -m bench                 # everything (about 4 minutes on the quiet 2-core host)
     python -m bench --quick         # shorter runs of every benchmark
     python -m bench --only router scaling
     python -m bench --only worker_server   # hypercorn vs sr's h11 server (needs the bench extra)
     python -m bench --only onnx     # sr vs ONNX Runtime at 1 and 2 threads (the bench extra)
-    python -m bench --report-only   # rewrite docs/benchmarks.md from bench/results/*.json
+    python -m bench --report-only   # rewrite bench/results/report.md from bench/results/*.json
 
 Each benchmark runs in its own process (torch thread settings and imports stay apart),
 prints its table and writes bench/results/<name>.json; the report reads those files.

@@ -313,7 +313,7 @@ def in_process(fn: Callable[[list[str]], object]) -> Side:
 # (ORT's spin after a run; libgomp's after a parallel region) stop spinning well within it.
 # 0.1 s was not enough at 2 threads: sr's 32-text batch ran at 36.5 texts/s after it and
 # 59.5 after 0.5 s (ORT 48 -> 58), while sr alone in process takes the same time after a
-# 0.1 s sleep as back to back (bench/narrative.md).
+# 0.1 s sleep as back to back (docs/benchmarks-history.md).
 SETTLE_S = 0.5
 
 

@@ -1,7 +1,8 @@
 """Shared pieces of the benchmarks: result files, percentiles, tables, and `sr serve` runs.
 
 Every benchmark prints a table and writes one JSON file under bench/results/ (gitignored);
-`python -m bench` reads those files back to write docs/benchmarks.md.
+`python -m bench` reads those files back to write bench/results/report.md (the tables
+docs/benchmarks.md is kept from).
 """
 
 from __future__ import annotations

@@ -148,7 +148,8 @@ class Connection:
     async def serve(self) -> None:
         # One scope for the connection's life, which the hang-up poller cancels when the
         # caller hangs up while the handler runs (_answer): the connection is over
-        # then anyway, and a scope per request cost the worker 10-30 us (bench/narrative.md).
+        # then anyway, and a scope per request cost the worker 10-30 us
+        # (docs/benchmarks-history.md).
         with trio.CancelScope() as self._hang_up_scope:
             await self._serve_requests()
         if self._hang_up_scope.cancelled_caught:
@@ -235,7 +236,7 @@ class Connection:
         # connection ends without an answer, as the router's front end cancels a dispatch.
         # The worker's GET routes (health, card, metrics) answer without waiting, so there
         # is nothing to cancel: not watching them saves /health, the pool's most frequent
-        # request, about 10 us (bench/narrative.md).
+        # request, about 10 us (docs/benchmarks-history.md).
         watched = type(self.stream) is trio.SocketStream and method not in _ANSWERED_AT_ONCE
         if watched:
             self.hang_ups.watch(self, self.stream.socket.fileno(), self._hang_up_scope.cancel)

@@ -3,7 +3,7 @@
 The router cancels a dispatch whose caller went away, so that an abandoned request frees
 its worker slot. A watcher task per request did that by waiting on the caller's socket: a
 task start, an epoll registration and removal and a cancellation per request, 15-22 % of
-the router's CPU at concurrency 1 (bench/narrative.md). Instead, while any request is
+the router's CPU at concurrency 1 (docs/benchmarks-history.md). Instead, while any request is
 watched, this one task asks poll(2) every `interval_s` which of the watched sockets saw
 the caller close (POLLRDHUP) or reset (POLLHUP, POLLERR). A request pays a dict entry;
 a hang-up is noticed up to `interval_s` later. Bytes from the caller (a pipelined request)

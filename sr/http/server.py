@@ -1,8 +1,8 @@
 """sr's HTTP/1.1 server over trio streams, for the worker and the router's front end.
 
-It exists because hypercorn cost about half a millisecond of CPU per request (bench/
-narrative.md): on the worker that CPU competes with the model's forwards, on the router it
-was most of the hop's overhead. The worker's handler is called directly,
+It exists because hypercorn cost about half a millisecond of CPU per request
+(docs/benchmarks-history.md): on the worker that CPU competes with the model's forwards,
+on the router it was most of the hop's overhead. The worker's handler is called directly,
 `handler(method, path, body, headers)`; the router's front end is an ASGI app, served through
 `adapter=sr.http.asgi_adapter.AsgiAdapter(app)` (streamed body, `http.disconnect` when the caller
 hangs up, lifespan).
