@@ -9,7 +9,7 @@ hidden states ORT returns, so a deployment answers what the torch engine answers
 
 Rules:
 * Export: torch's TorchScript exporter traces the family's own `hidden_states` on one row
-  of TRACE_TOKENS tokens (or the model's limit), with the token axis dynamic. The trace
+  of the model's limit in tokens (at most TRACE_TOKENS), with the token axis dynamic. The trace
   runs with the short-matrix cut-off at 0 (ORT's products are not torch's, and a padded
   row count would be traced as a constant). Families with two token types (BERT
   cross-encoders) get a second input, each token's type, so a pair's second text is
@@ -56,10 +56,13 @@ from sr.errors import UnsupportedModel
 from sr.models.blocks import Packed
 
 EXTRA_HINT = "pip install 'sr[onnx]'"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # raised whenever what is traced changes: a kept graph of another is stale
 OPSET = 17
-TRACE_TOKENS = 160
-VERIFY_LENGTHS = (1, 2, 5, 17, 77, 200, 513)
+# The trace's row: the model's whole length, up to this. A family's Python may branch on a
+# row's length (a sliding window that covers the row, DeBERTa's relative-position table);
+# traced at full length, every branch is the general one, right for shorter rows too.
+TRACE_TOKENS = 1024
+VERIFY_LENGTHS = (1, 2, 5, 17, 77, 200, 513, 1025, 2049)
 TOLERANCE = 1e-5
 
 
@@ -152,7 +155,12 @@ def _export_in_child(model, kept: Path) -> ExportedGraph:
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"the export exited {done.returncode}"]
         raise UnsupportedModel(lines[-1].removeprefix("sr.models.onnx_export: "))
-    made = json.loads(done.stdout)
+    try:
+        made = json.loads(done.stdout)
+    except ValueError:
+        raise UnsupportedModel(
+            "engine onnxruntime: the export ended without saying what it made"
+        ) from None
     return ExportedGraph(kept, made["graph"], "exported", made["export_s"], made["max_difference"])
 
 

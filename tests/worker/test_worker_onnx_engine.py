@@ -18,6 +18,7 @@ from sr.pool.identity import replica_identities
 from sr.pool.replica import incompatibility, worker_argv
 from sr.worker.cli import parse_args
 from sr.worker.options import WorkerOptions
+from sr.worker.state import WorkerState
 
 TEXTS = ["one engine or the other", "answers the same", "x"]
 ENGINE_PATH = "global.model_catalog.deployments.primary.engine"
@@ -104,7 +105,7 @@ async def test_an_onnxruntime_worker_answers_as_a_torch_worker_and_says_so(tiny_
     for engine, profile in (("torch", "exact"), ("onnxruntime", "throughput")):
         options = WorkerOptions(artifact=str(tiny_model_dir), engine=engine, profile=profile)
         async with running(options) as svc:
-            assert svc.state == "ready", svc.reason
+            assert svc.state is WorkerState.READY, svc.reason
             status, body = await post(svc, "/v1/embeddings", {"input": TEXTS})
             cards[engine] = (await get(svc, "/v1/models"))[1]["data"][0]
         assert status == 200, body
