@@ -16,6 +16,8 @@ from pathlib import Path
 import attrs
 
 from sr.errors import UnsupportedModel
+from sr.models.prompts import Prompts, read_prompts
+from sr.models.sparse import SparseSpec, read_sparse_chain
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")
 # The order sentence-transformers concatenates pooled vectors in when several modes are on.
@@ -71,6 +73,13 @@ class CheckpointLayout:
     # A sentence-transformers folder (modules.json): its bare model is what
     # sentence-transformers loads, whatever config.json's `architectures` names.
     sentence_transformers: bool = False
+    # config_sentence_transformers.json's prompts (sr.models.prompts) and whether the
+    # Pooling counts a prompt's tokens (`include_prompt`).
+    prompts: Prompts = attrs.field(factory=Prompts)
+    include_prompt: bool = True
+    # A SparseEncoder folder (MLM head + SpladePooling): its answers are sparse vectors over
+    # the vocabulary (sr.models.sparse), and the fields above about pooling do not apply.
+    sparse: SparseSpec | None = None
 
 
 def _read_json(path: Path) -> object:
@@ -80,19 +89,21 @@ def _read_json(path: Path) -> object:
         raise UnsupportedModel(f"{path}: cannot be read as JSON: {exc}") from exc
 
 
-def _pooling_modes(folder: Path, pooling_path: str) -> tuple[str, ...]:
+def _pooling_modes(folder: Path, pooling_path: str) -> tuple[tuple[str, ...], bool]:
     config = _read_json(folder / pooling_path / "config.json")
     if not isinstance(config, dict):
         raise UnsupportedModel(f"{folder / pooling_path / 'config.json'}: not an object")
     modes = tuple(m for m in POOLING_MODES if config.get(_POOLING_KEYS[m]))
     if not modes:
         raise UnsupportedModel(f"{folder / pooling_path}: no supported pooling mode is on")
-    # include_prompt=false is served as is: in sentence-transformers it only drops the first
-    # `prompt_length` tokens from pooling, and Pooling.forward receives a prompt_length only
-    # when encode() prepends a prompt (prompt=, prompt_name=, or the checkpoint's
-    # default_prompt_name). sr embeds each text exactly as sent, with no prompt, which is
-    # sentence-transformers' encode(texts) without one: every token is pooled either way.
-    return modes
+    # include_prompt=false drops a prompt's tokens from pooling (sr.models.prompts); a text
+    # embedded without a prompt pools every token either way.
+    include_prompt = config.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise UnsupportedModel(
+            f"{folder / pooling_path / 'config.json'}: include_prompt must be true or false"
+        )
+    return modes, include_prompt
 
 
 def _dense(folder: Path, path: str) -> DenseSpec:
@@ -166,17 +177,18 @@ def _check_normalize(folder: Path, path: str) -> None:
             )
 
 
-def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...], bool]:
-    """(pooling modes, Dense modules, normalize) from modules.json; mean pooling when there
-    is none."""
+def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...], bool, bool]:
+    """(pooling modes, Dense modules, normalize, include_prompt) from modules.json; mean
+    pooling when there is none."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         # What sentence-transformers itself builds around a plain encoder checkpoint.
-        return ("mean",), (), False
+        return ("mean",), (), False, True
     modules = _read_json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise UnsupportedModel(f"{modules_file}: not a list of objects")
     modes: tuple[str, ...] | None = None
+    include_prompt = True
     dense: list[DenseSpec] = []
     normalize = False
     for module in sorted(modules, key=lambda m: m.get("idx", 0)):
@@ -185,7 +197,7 @@ def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...],
         if kind == "Transformer" and modes is None:
             continue
         if kind == "Pooling" and modes is None:
-            modes = _pooling_modes(folder, path)
+            modes, include_prompt = _pooling_modes(folder, path)
         elif kind == "Dense" and modes is not None and not normalize:
             spec = _dense(folder, path)
             if dense and spec.in_features != dense[-1].out_features:
@@ -202,7 +214,7 @@ def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...],
                 f"{modules_file}: module {module.get('type')!r} at position {module.get('idx')} "
                 "is not supported (sr serves Transformer -> Pooling -> Dense* -> [Normalize])"
             )
-    return modes or ("mean",), tuple(dense), normalize
+    return modes or ("mean",), tuple(dense), normalize, include_prompt
 
 
 def _head_labels(config: dict) -> tuple[str, ...] | None:
@@ -224,7 +236,11 @@ def read_layout(folder: Path) -> CheckpointLayout:
     if not isinstance(config, dict):
         raise UnsupportedModel(f"{folder / 'config.json'}: not an object")
     model_type = str(config.get("model_type", ""))
-    modes, dense, normalize = _module_chain(folder)
+    sparse = read_sparse_chain(folder)
+    if sparse is None:
+        modes, dense, normalize, include_prompt = _module_chain(folder)
+    else:  # SpladePooling pools the vocabulary's logits, not hidden states
+        modes, dense, normalize, include_prompt = (), (), False, True
     max_seq_length = None
     sbert_file = folder / "sentence_bert_config.json"
     if sbert_file.is_file():
@@ -240,4 +256,7 @@ def read_layout(folder: Path) -> CheckpointLayout:
         head_labels=_head_labels(config),
         dense=dense,
         sentence_transformers=(folder / "modules.json").is_file(),
+        prompts=read_prompts(folder),
+        include_prompt=include_prompt,
+        sparse=sparse,
     )

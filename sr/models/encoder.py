@@ -24,6 +24,7 @@ from sr.models.families import family_for
 from sr.models.heads import TOKEN, check_architectures, check_served_head
 from sr.models.linear import choose_kernel, for_model
 from sr.models.pooling import pool
+from sr.models.splade import SpladeHead
 
 
 def torch_device(device: str) -> torch.device:
@@ -43,6 +44,7 @@ class EncoderModel:
         device: torch.device,
         kernel: str | None = None,
         adapter: Adapter | None = None,
+        sparse_head: SpladeHead | None = None,
     ):
         self.artifact_dir = artifact_dir
         # A LoRA adapter merged into its base's weights (sr.models.adapter), or None.
@@ -63,6 +65,15 @@ class EncoderModel:
         self.embedding_dim: int = self.dense.out_features
         self.pooling_modes = layout.pooling_modes
         self.normalize = layout.normalize
+        # config_sentence_transformers.json's prompts (sr.models.prompts); whether pooling
+        # counts a prompt's tokens.
+        self.prompts = layout.prompts
+        self.include_prompt = layout.include_prompt
+        # A SparseEncoder folder: `embed` answers SPLADE vectors over the vocabulary.
+        self.sparse_head = sparse_head
+        if sparse_head is not None:
+            self.embedding_dim = sparse_head.vocab_size
+            self.normalize = False
         self.head_labels: list[str] | None = None
         check_served_head(layout.config, backbone)
         # "sequence" (one answer per text), "token" (one per token) or None (no head).
@@ -173,20 +184,31 @@ class EncoderModel:
         self.dense.calibrate()  # the Dense modules' shapes have cut-offs of their own
         return self.backbone.calibrate()
 
-    def embed(self, batch: list[list[int]], *, normalize: bool | None = None) -> torch.Tensor:
+    def embed(
+        self,
+        batch: list[list[int]],
+        *,
+        normalize: bool | None = None,
+        pooled_from: list[int] | None = None,
+    ) -> torch.Tensor:
         """float32 [n, embedding_dim] on the CPU: pooled, normalised if the checkpoint says so.
         `normalize=False` stops before the checkpoint's Normalize module (the vector TEI
-        returns for `normalize: false`); True normalises whatever the checkpoint says."""
+        returns for `normalize: false`); True normalises whatever the checkpoint says.
+        `pooled_from`: per row, the tokens left out of pooling at its start (a prompt's,
+        under `include_prompt: false`). A sparse encoder answers its SPLADE vectors."""
         if normalize is None:
             normalize = self.normalize
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
+            if self.sparse_head is not None:
+                return self.sparse_head(hidden, packed.lengths).cpu()
             # Pooled and normalised in float32 whatever dtype the backbone computes in.
             hidden = hidden.float()
             return pool(
-                hidden, packed.lengths, self.pooling_modes, normalize, self.dense or None
-            ).cpu()
+                hidden, packed.lengths, self.pooling_modes, normalize, self.dense or None,
+                pooled_from,
+            ).cpu()  # fmt: skip
 
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
@@ -319,7 +341,10 @@ def load_model(
     chosen = for_model(host, int(width), kernel)
     backbone = family(layout.config, weights, target, precision, chosen)
     tokenizer = load_tokenizer(adapter.tokenizer_dir if adapter else folder)
-    model = EncoderModel(folder, layout, backbone, tokenizer, target, kernel, adapter)
+    sparse_head = (
+        SpladeHead(layout.sparse, layout.config, weights, target) if layout.sparse else None
+    )
+    model = EncoderModel(folder, layout, backbone, tokenizer, target, kernel, adapter, sparse_head)
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
     if engine == "onnxruntime":
         from sr.models.onnx_engine import OrtBackbone, export_graph

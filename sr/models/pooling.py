@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 
 
-def _pool_row(tokens: torch.Tensor, mode: str) -> torch.Tensor:
+def _pool_row(row: torch.Tensor, mode: str, skip: int) -> torch.Tensor:
+    """One row's tokens [L, H] pooled by `mode`, the first `skip` tokens left out (as
+    sentence-transformers masks a prompt's tokens under `include_prompt: false`: the last
+    token is the row's last whatever the mask, weights keep their positions)."""
+    if mode == "lasttoken":
+        return row[-1]
+    tokens = row[skip:] if skip else row
     if mode == "mean":
         return tokens.sum(0) / tokens.shape[0]
     if mode == "cls":
@@ -23,11 +29,11 @@ def _pool_row(tokens: torch.Tensor, mode: str) -> torch.Tensor:
         return tokens.max(0).values
     if mode == "mean_sqrt_len":
         return tokens.sum(0) / math.sqrt(tokens.shape[0])
-    if mode == "lasttoken":
-        return tokens[-1]
     if mode == "weightedmean":
         # Position weights 1..n, as sentence-transformers' weighted mean.
-        weights = torch.arange(1, tokens.shape[0] + 1, device=tokens.device, dtype=tokens.dtype)
+        weights = torch.arange(
+            skip + 1, skip + tokens.shape[0] + 1, device=tokens.device, dtype=tokens.dtype
+        )
         return (tokens * weights[:, None]).sum(0) / weights.sum()
     raise ValueError(f"unknown pooling mode {mode!r}")
 
@@ -38,15 +44,18 @@ def pool(
     modes: tuple[str, ...],
     normalize: bool,
     dense: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    pooled_from: list[int] | None = None,
 ) -> torch.Tensor:
     """hidden [T, H] of packed rows -> [n, H * len(modes)], through `dense` (all rows at
-    once: a DenseStack) when given, then L2-normalised if asked."""
+    once: a DenseStack) when given, then L2-normalised if asked. `pooled_from`: per row,
+    how many of its first tokens pooling leaves out (None: none)."""
     rows = []
     start = 0
-    for length in lengths:
+    for index, length in enumerate(lengths):
         tokens = hidden[start : start + length]
         start += length
-        parts = [_pool_row(tokens, mode) for mode in modes]
+        skip = pooled_from[index] if pooled_from is not None else 0
+        parts = [_pool_row(tokens, mode, skip) for mode in modes]
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts))
     pooled = torch.stack(rows)
     if dense is not None:

@@ -78,8 +78,11 @@ if TYPE_CHECKING:
     from sr.pool.deployment import Reply
 
 NATIVE_ROUTES = frozenset(
-    {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
-)
+    {
+        "/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize",
+        "/v1/sparse_embeddings",
+    }
+)  # fmt: skip
 MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"

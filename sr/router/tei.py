@@ -6,6 +6,8 @@ router sends them through the same path as its native routes (sr.router.app `_na
 deployment, cache, deadline header, hang-up cancel, replica header, metrics).
 
     POST /embed     -> /v1/embeddings   [[float, ...], ...]: always a list of vectors
+    POST /embed_sparse -> /v1/sparse_embeddings  [[{index, value}, ...], ...]: a sparse
+                       encoder's non-zero entries per input, indices ascending
     POST /rerank    -> /v1/rerank       [{index, score, text?}, ...], highest score first
     POST /tokenize  -> /v1/tokenize     [[{id, text, special, start, stop}, ...], ...]
     POST /          -> /embed for a body with `inputs`, /rerank for `query` and `texts`;
@@ -26,10 +28,11 @@ Rules:
   normalises when asked (TEI's order).
 - Token-id inputs are whole rows as TEI takes them (special tokens included, as /tokenize
   gives them): forwarded with the native `add_special_tokens: false`.
+- `prompt_name` on /embed and /embed_sparse is the native one (sr.worker.prompting): the
+  folder's prompt before each text, as sentence-transformers' encode(prompt_name=...).
 - Refused with 422, naming the field: truncation_direction `left` (sr cuts from the right),
-  a `prompt_name` (sr applies no sentence-transformers prompts), a batch mixing texts and
-  token ids, and unknown fields (TEI ignores them; a misspelt `normalise` must not
-  silently serve the default).
+  a `prompt_name` on /tokenize, a batch mixing texts and token ids, and unknown fields (TEI
+  ignores them; a misspelt `normalise` must not silently serve the default).
 - /tokenize offsets are UTF-8 byte offsets into the input, as TEI's (Rust tokenizers) are;
   the worker answers code-point offsets and they are converted here. Token-classification
   offsets stay code points, as transformers' pipeline and the Inference API give them.
@@ -63,7 +66,8 @@ from sr.worker.timing import WorkerTiming
 from sr.worker.validation import MAX_INPUTS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
-POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT})
+EMBED_SPARSE = "/embed_sparse"
+POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT, EMBED_SPARSE})
 INFO_PATH = "/info"
 # Hugging Face's token-classification task, reached through the root route only.
 TOKEN_CLASSIFICATION = "token-classification"
@@ -71,6 +75,7 @@ _TOKEN_PARAMETERS = frozenset({"aggregation_strategy", "ignore_labels", "stride"
 
 _NATIVE_ROUTE = {
     EMBED: "/v1/embeddings",
+    EMBED_SPARSE: "/v1/sparse_embeddings",
     RERANK: "/v1/rerank",
     TOKENIZE: "/v1/tokenize",
     TOKEN_CLASSIFICATION: "/v1/classify",
@@ -86,10 +91,14 @@ _FIELDS = {
         {"query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text", "model"}
     ),
     TOKENIZE: frozenset({"inputs", "add_special_tokens", "prompt_name", "model"}),
+    EMBED_SPARSE: frozenset(
+        {"inputs", "truncate", "truncation_direction", "prompt_name", "model"}
+    ),
     TOKEN_CLASSIFICATION: frozenset({"inputs", "parameters", "model"}),
 }  # fmt: skip
 _REQUIRED = {
     EMBED: ("inputs",),
+    EMBED_SPARSE: ("inputs",),
     RERANK: ("query", "texts"),
     TOKENIZE: ("inputs",),
     TOKEN_CLASSIFICATION: ("inputs",),
@@ -97,6 +106,7 @@ _REQUIRED = {
 # A worker's message starts with the native field; TEI's caller knows it by TEI's name.
 _TEI_FIELD = {
     "/v1/embeddings": {"input": "inputs"},
+    "/v1/sparse_embeddings": {"input": "inputs"},
     "/v1/rerank": {"documents": "texts", "return_documents": "return_text"},
     "/v1/tokenize": {"input": "inputs"},
     "/v1/classify": {
@@ -175,6 +185,8 @@ def parse_request(path: str, raw: bytes, head_task: HeadTaskOf | None = None) ->
         raise InvalidRequest(f"model: expected a non-empty string, got {json_kind(model)}")
     if path == EMBED:
         native = _embed_body(body)
+    elif path == EMBED_SPARSE:
+        native = _embed_sparse_body(body)
     elif path == RERANK:
         native = _rerank_body(body)
     elif path == TOKEN_CLASSIFICATION:
@@ -216,9 +228,9 @@ def _check_fields(body: dict[str, Any], path: str) -> None:
 
 
 def _embed_body(body: dict[str, Any]) -> dict[str, Any]:
-    _refuse_prompt(body)
     native: dict[str, Any] = {"normalize": _flag(body, "normalize", True)}
     native.update(_truncation(body))
+    native.update(_prompt(body))
     inputs = body["inputs"]
     if isinstance(inputs, str):
         native["input"] = _text(inputs, "inputs")
@@ -235,6 +247,19 @@ def _embed_body(body: dict[str, Any]) -> dict[str, Any]:
     if dimensions is not None:
         native["dimensions"] = dimensions  # the worker checks it against the model's size
     return native
+
+
+def _embed_sparse_body(body: dict[str, Any]) -> dict[str, Any]:
+    native: dict[str, Any] = {"input": _texts(body["inputs"])}
+    native.update(_truncation(body))
+    native.update(_prompt(body))
+    return native
+
+
+def _prompt(body: dict[str, Any]) -> dict[str, Any]:
+    """The native `prompt_name` (the worker checks it against the folder's prompts)."""
+    name = body.get("prompt_name")
+    return {} if name is None else {"prompt_name": name}
 
 
 def _embed_batch(inputs: list[Any]) -> tuple[list[Any], bool]:
@@ -356,8 +381,8 @@ def _truncation(body: dict[str, Any]) -> dict[str, Any]:
 def _refuse_prompt(body: dict[str, Any]) -> None:
     if body.get("prompt_name") is not None:
         raise InvalidRequest(
-            "prompt_name: not supported; sr embeds each text as sent (it applies no "
-            "sentence-transformers prompts): put the prompt in the text"
+            "prompt_name: not supported on /tokenize; sr tokenizes each text as sent (the "
+            "prompts apply on /embed and /embed_sparse): put the prompt in the text"
         )
 
 
@@ -372,6 +397,9 @@ def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
     if request.route == "/v1/embeddings":
         rows = sorted(native["data"], key=lambda row: row["index"])
         return dump_json([row["embedding"] for row in rows])
+    if request.route == "/v1/sparse_embeddings":
+        rows = sorted(native["data"], key=lambda row: row["index"])
+        return dump_json([_sparse_entries(row) for row in rows])
     if request.route == "/v1/classify":  # token classification
         results = sorted(native["results"], key=lambda result: result["index"])
         if isinstance(request.body["input"], str):
@@ -389,6 +417,11 @@ def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
     texts = [texts] if isinstance(texts, str) else texts
     rows = sorted(native["data"], key=lambda row: row["index"])
     return dump_json([_byte_offsets(texts[row["index"]], row["tokens"]) for row in rows])
+
+
+def _sparse_entries(row: dict[str, Any]) -> list[dict[str, Any]]:
+    pairs = zip(row["indices"], row["values"], strict=True)
+    return [{"index": index, "value": value} for index, value in pairs]
 
 
 def _byte_offsets(text: str, tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -474,6 +507,9 @@ def info(
         "version": version,
         "sha": None,
         "docker_label": None,
+        # sr extensions: the folder's prompts, which `prompt_name` names (sr.models.prompts)
+        "prompts": (card.get("prompts") or {}).get("texts"),
+        "default_prompt_name": (card.get("prompts") or {}).get("default_prompt_name"),
     }
 
 
@@ -487,6 +523,8 @@ def _model_type(card: dict[str, Any]) -> dict[str, Any]:
         reranker = len(labels) == 1 and card.get("head_task") != "token"
         kind = "reranker" if reranker else "classifier"
         return {kind: {"id2label": id2label, "label2id": label2id}}
+    if card.get("sparse"):
+        return {"embedding": {"pooling": "splade"}}  # TEI's name for SPLADE pooling
     modes = card.get("pooling") or []
     pooling = "+".join(_POOLING_NAMES.get(mode, mode) for mode in modes) or None
     return {"embedding": {"pooling": pooling}}

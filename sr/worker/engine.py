@@ -12,6 +12,8 @@ Rules, in one place:
 - The result cache (LRU over exact token ids) is only enabled when batching is invariant:
   then an answer does not depend on its batch, so a cached answer is the computed answer.
 - A submission whose caller went away is dropped from batches not yet started.
+- A row of an `embed` kind whose `second` is inside it (a prompt's tokens, under the
+  Pooling's `include_prompt: false`) is pooled from there; any other row pools every token.
 - A submission notes when its first forward started and how long its forwards took; the
   caller's request timing (sr.worker.timing) gets them when `compute` returns.
 """
@@ -27,16 +29,19 @@ import trio
 
 from sr.errors import ForwardFailed
 from sr.lru import LruCache
+from sr.models.splade import sparse_entries
 from sr.worker import timing
 from sr.worker.batching import Limits, padded_tokens, plan_batches
 from sr.worker.device_thread import DeviceThread
 
 # `embed_unnormalized`: the vector before the checkpoint's Normalize module (TEI's
 # `normalize: false`); a kind of its own so that cached rows never mix the two. `token`:
-# a token-classification head's logits, one list per token of the row.
-KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token")
+# a token-classification head's logits, one list per token of the row. `sparse`: a sparse
+# encoder's SPLADE vector, answered as (indices, values) of its non-zero entries.
+KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "sparse")
 # Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
 _PER_TOKEN = frozenset({"token"})
+_SPARSE = frozenset({"sparse"})
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -93,8 +98,9 @@ class Engine:
         self._device = device
         self._runner = runner
         self._forward_fns = {
-            "embed": lambda rows: model.embed([r.ids for r in rows]),
-            "embed_unnormalized": lambda rows: model.embed([r.ids for r in rows], normalize=False),
+            "embed": lambda rows: _embed(model, rows),
+            "embed_unnormalized": lambda rows: _embed(model, rows, normalize=False),
+            "sparse": lambda rows: model.embed([r.ids for r in rows]),
             "classify": lambda rows: model.classify_logits([r.ids for r in rows]),
             "rerank": lambda rows: model.rerank_logits(
                 [r.ids for r in rows], [r.second for r in rows]
@@ -194,7 +200,10 @@ class Engine:
             started = time.perf_counter()
             with torch.inference_mode():
                 out = self._runner.run(lambda: forward(batch), padded)
-                values = out.detach().float().cpu().tolist()
+                if kind in _SPARSE:
+                    values = sparse_entries(out.detach().float().cpu())
+                else:
+                    values = out.detach().float().cpu().tolist()
             if kind in _PER_TOKEN:
                 values = _per_row(values, batch)
             return values, started, time.perf_counter() - started
@@ -225,6 +234,15 @@ class Engine:
             submission.remaining -= 1
             if submission.remaining == 0:
                 submission.done.set()
+
+
+def _embed(model, rows: list[_Row], **options) -> torch.Tensor:
+    """The `embed` kinds' forward: each row pooled from its `second` when that lies inside
+    it (engine rules), else over every token."""
+    starts = [r.second if r.second < r.length else 0 for r in rows]
+    if any(starts):
+        options["pooled_from"] = starts
+    return model.embed([r.ids for r in rows], **options)
 
 
 def _per_row(values: list, batch: list[_Row]) -> list[list]:

@@ -146,6 +146,7 @@ class WorkerService:
         forward = self._forward_route
         self._routes: dict[str, tuple[str, Callable[[bytes], Awaitable[Response]]]] = {
             "/v1/embeddings": ("POST", lambda body: forward(body, "embeddings")),
+            "/v1/sparse_embeddings": ("POST", lambda body: forward(body, "sparse_embeddings")),
             "/v1/classify": ("POST", lambda body: forward(body, "classify")),
             "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
             "/v1/rerank": ("POST", lambda body: forward(body, "rerank")),
@@ -447,6 +448,11 @@ class WorkerService:
             # what the head labels: "sequence" (a text), "token" (each token) or None
             "head_task": getattr(model, "head_task", None),
             "head_activation": getattr(model, "head_activation", None),
+            # config_sentence_transformers.json's prompts: {texts: {name: text},
+            # default_prompt_name} (sr.models.prompts)
+            "prompts": _card_of(getattr(model, "prompts", None)),
+            # a sparse encoder's SpladePooling: {pooling, activation, max_active_dims}
+            "sparse": _card_of(getattr(getattr(model, "sparse_head", None), "spec", None)),
             "golden": self.golden,
             "batching": {
                 "cross_request": engine.cross_request if engine else None,
@@ -461,6 +467,10 @@ class WorkerService:
             # the OpenMP peers kept off the device thread's CPU (sr.worker.placement)
             "cpu_placement": self.cpu_placement_card(),
         }
+
+
+def _card_of(part) -> dict[str, Any] | None:
+    return part.card() if part is not None else None
 
 
 class DeviceUnavailable(Exception):

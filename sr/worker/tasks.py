@@ -18,8 +18,10 @@ from typing import Any
 import trio
 
 from sr.errors import InvalidRequest, RequestTooLarge
+from sr.models.prompts import Prompts
 from sr.worker import timing
 from sr.worker import validation as v
+from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
 from sr.worker.token_classify import TOKEN_ONLY_FIELDS, TokenClassifier
 
@@ -28,13 +30,15 @@ ZERO_SHOT_TEMPERATURE = 0.05
 _INLINE_TOKENIZE_CHARS = 16_384
 
 # Every field OpenAI documents for embeddings; `user` is accepted and not used. `normalize`
-# and `add_special_tokens` are sr extensions (what TEI's /embed needs).
+# and `add_special_tokens` are sr extensions (what TEI's /embed needs); `prompt_name`
+# (sentence-transformers', TEI's) and Jina's `task` pick a prompt (sr.worker.prompting).
 _EMBEDDINGS_FIELDS = frozenset(
     {
         "model", "input", "encoding_format", "dimensions", "user", "truncate", "normalize",
-        "add_special_tokens",
+        "add_special_tokens", "prompt_name", "task",
     }
 )  # fmt: skip
+_SPARSE_FIELDS = frozenset({"model", "input", "truncate", "prompt_name", "task"})
 _CLASSIFY_FIELDS = frozenset({"model", "input", "labels", "truncate"})
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
 _RERANK_FIELDS = frozenset(
@@ -57,10 +61,32 @@ class Tasks:
         self.token_classifier = (
             TokenClassifier(self) if getattr(model, "head_task", None) == "token" else None
         )
+        self.sparse = getattr(model, "sparse_head", None) is not None
+        # The folder's prompts (sentence-transformers' defaults for a model without them).
+        self.prompts: Prompts = getattr(model, "prompts", None) or Prompts()
+        self.include_prompt: bool = getattr(model, "include_prompt", True)
+        self._prompt_lengths: dict[str, int] = {}
+
+    def _prompted(self, texts: list[str], prompt: str) -> tuple[list[str], int]:
+        """The texts with the prompt before each, and how many tokens at a row's start
+        pooling leaves out (the prompt's, under the Pooling's `include_prompt: false`)."""
+        if not prompt:
+            return texts, 0
+        skip = 0
+        if not self.include_prompt and not self.sparse:
+            skip = self._prompt_lengths.get(prompt, -1)
+            if skip < 0:
+                skip = self._prompt_lengths[prompt] = prompt_length(self.model.tokenizer, prompt)
+        return [prompt + text for text in texts], skip
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
         model_name = self._served_model(body)
+        if self.sparse:
+            raise InvalidRequest(
+                "this deployment's model is a sparse encoder (SPLADE): ask /v1/sparse_embeddings "
+                "(TEI: /embed_sparse) for its vectors"
+            )
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise InvalidRequest("encoding_format: expected 'float' or 'base64'")
@@ -81,6 +107,8 @@ class Tasks:
             normalize = v.boolean(body["normalize"], "normalize")
         add_special = v.boolean(body.get("add_special_tokens", True), "add_special_tokens")
         kind, items, fields = v.embedding_inputs(body["input"], self._vocab_size)
+        prompt = prompt_text(body, self.prompts, token_ids=kind == "ids")
+        skip = 0
         if kind == "ids" and add_special:
             # The caller's ids are the text's tokens; the special tokens go around them
             # as around a text, and the overflow rule applies to the framed row.
@@ -96,9 +124,14 @@ class Tasks:
                 "the model's special tokens"
             )
         else:
-            rows, usage = await self._rows(items, fields, self._overflow(body))
+            texts, skip = self._prompted(items, prompt)
+            rows, usage = await self._rows(texts, fields, self._overflow(body))
         unnormalized = normalize is False and self.model.normalize
-        vectors = await self.engine.compute("embed_unnormalized" if unnormalized else "embed", rows)
+        # Pooling leaves the prompt out from `skip` on, always keeping the row's last token.
+        starts = [min(skip, len(ids) - 1) for ids in rows] if skip else None
+        vectors = await self.engine.compute(
+            "embed_unnormalized" if unnormalized else "embed", rows, starts
+        )
         if dimensions is not None and dimensions < size:
             unit = self.model.normalize if normalize is None else normalize
             vectors = [_shorten(vec, dimensions, unit) for vec in vectors]
@@ -115,6 +148,26 @@ class Tasks:
             "data": data,
             "usage": usage,
         }
+
+    async def sparse_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A sparse encoder's SPLADE vectors, each as its non-zero entries (vocabulary
+        indices ascending, and their values)."""
+        v.check_fields(body, allowed=_SPARSE_FIELDS, required=("input",))
+        model_name = self._served_model(body)
+        if not self.sparse:
+            raise InvalidRequest(
+                "this deployment's model is not a sparse encoder; /v1/sparse_embeddings needs "
+                "a SparseEncoder folder (MLMTransformer -> SpladePooling)"
+            )
+        texts, fields = v.inputs(body["input"])
+        texts, _ = self._prompted(texts, prompt_text(body, self.prompts))
+        rows, usage = await self._rows(texts, fields, self._overflow(body))
+        entries = await self.engine.compute("sparse", rows)
+        data = [
+            {"object": "sparse_embedding", "index": i, "indices": indices, "values": values}
+            for i, (indices, values) in enumerate(entries)
+        ]
+        return {"object": "list", "model": model_name, "data": data, "usage": usage}
 
     async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.token_classifier is not None:

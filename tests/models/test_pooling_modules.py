@@ -1,4 +1,5 @@
-"""sentence-transformers modules around Pooling: `include_prompt: false` served as is, and
+"""sentence-transformers modules around Pooling: `include_prompt: false` without a prompt
+(every token pooled; tests/worker/test_prompts.py checks it with one), and
 Dense modules (sentence_transformers.models.Dense) between Pooling and Normalize.
 
 A tiny BERT saved by transformers (tests/models/reference.py) gets module files written by

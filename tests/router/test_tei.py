@@ -36,6 +36,7 @@ TEI_INFO_FIELDS = {
     "max_client_batch_size", "auto_truncate", "tokenization_workers", "version", "sha",
     "docker_label",
 }  # fmt: skip
+SR_INFO_FIELDS = {"prompts", "default_prompt_name"}  # sr's additions to TEI's Info
 TEI_ERROR_TYPES = {"Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"}
 ARTIFACT = "/models/primary"  # what fake_core.make_config names the artifact
 EMBEDDING_CARD = {
@@ -75,6 +76,14 @@ async def worker_like(deployment: str, path: str, body: bytes, timeout_s: float 
                 result["document"] = {"text": documents[index]}
             results.append(result)
         answer = {"model": request.get("model", ARTIFACT), "results": results, "usage": {}}
+    elif path == "/v1/sparse_embeddings":
+        texts = request["input"]
+        count = 1 if isinstance(texts, str) else len(texts)
+        data = [
+            {"object": "sparse_embedding", "index": i, "indices": [3, 70 + i], "values": [0.5, i]}
+            for i in reversed(range(count))
+        ]
+        answer = {"object": "list", "model": ARTIFACT, "data": data, "usage": {}}
     elif path == "/v1/tokenize":
         texts = request["input"]
         texts = [texts] if isinstance(texts, str) else texts
@@ -173,6 +182,40 @@ async def test_embed_fields_map_onto_the_native_ones():
     assert forwarded(core)[1] == {"input": "a", "normalize": True}
 
 
+async def test_prompt_name_goes_to_the_worker():
+    app, core = build()
+    answer = await call(app, "POST", "/embed", {"inputs": ["a"], "prompt_name": "query"})
+    assert answer.status == 200, answer.body
+    assert forwarded(core)[1] == {"input": ["a"], "normalize": True, "prompt_name": "query"}
+
+
+async def test_embed_sparse_answers_tei_sparse_values():
+    app, core = build()
+    answer = await call(
+        app, "POST", "/embed_sparse",
+        {"inputs": ["a", "b"], "truncate": True, "prompt_name": "query",
+         "truncation_direction": "right"},
+    )  # fmt: skip
+    assert answer.status == 200, answer.body
+    assert answer.json() == [
+        [{"index": 3, "value": 0.5}, {"index": 70, "value": 0}],
+        [{"index": 3, "value": 0.5}, {"index": 71, "value": 1}],
+    ]
+    assert forwarded(core) == (
+        "/v1/sparse_embeddings",
+        {"input": ["a", "b"], "truncate": True, "prompt_name": "query"},
+    )
+    single = await call(app, "POST", "/embed_sparse", {"inputs": "a"})
+    assert len(single.json()) == 1 and forwarded(core)[1] == {"input": "a"}
+    for body, status, error_type, start in (
+        ({"inputs": []}, 400, "Empty", "inputs: "),
+        ({"inputs": [1, 2]}, 422, "Validation", "inputs[0]: "),
+        ({"inputs": "a", "normalize": True}, 422, "Validation", "normalize: unknown field"),
+    ):
+        assert_tei_error(await call(app, "POST", "/embed_sparse", body), status, error_type,
+                         start, code="invalid_request")  # fmt: skip
+
+
 async def test_token_ids_are_whole_rows():
     app, core = build()
     one = await call(app, "POST", "/embed", {"inputs": [101, 7592, 102]})
@@ -203,7 +246,6 @@ async def test_token_ids_are_whole_rows():
          "truncation_direction: 'left' is not supported"),
         ({"inputs": "a", "truncation_direction": "up"}, 422, "Validation",
          "truncation_direction: "),
-        ({"inputs": "a", "prompt_name": "query"}, 422, "Validation", "prompt_name: not supported"),
         ({"inputs": "a", "model": 3}, 422, "Validation", "model: "),
     ],
 )  # fmt: skip
@@ -470,7 +512,9 @@ async def test_info_of_an_embedding_deployment():
     answer = await call(app, "GET", "/info")
     assert answer.status == 200, answer.body
     info = answer.json()
-    assert set(info) == TEI_INFO_FIELDS
+    # TEI's fields, and sr's: the folder's prompts, which prompt_name names.
+    assert set(info) == TEI_INFO_FIELDS | SR_INFO_FIELDS
+    assert info["prompts"] is None and info["default_prompt_name"] is None
     assert info["model_id"] == "/models/primary" and info["model_sha"] is None
     assert info["model_dtype"] == "float32" and info["served_model_name"] == "primary"
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
@@ -502,6 +546,16 @@ async def test_info_pooling_names_as_tei_spells_them():
     app, _ = build(card=card)
     info = (await call(app, "GET", "/info")).json()
     assert info["model_type"] == {"embedding": {"pooling": "last_token"}}
+
+
+async def test_info_lists_prompts_and_splade_pooling():
+    prompts = {"texts": {"query": "query: ", "document": ""}, "default_prompt_name": "query"}
+    sparse = {"pooling": "max", "activation": "relu", "max_active_dims": None}
+    app, _ = build(card={**EMBEDDING_CARD, "prompts": prompts, "sparse": sparse})
+    info = (await call(app, "GET", "/info")).json()
+    assert info["prompts"] == {"query": "query: ", "document": ""}
+    assert info["default_prompt_name"] == "query"
+    assert info["model_type"] == {"embedding": {"pooling": "splade"}}
 
 
 async def test_info_without_a_ready_replica_is_unhealthy():
@@ -543,7 +597,7 @@ def test_openapi_describes_the_tei_routes():
     assert "get" in spec["paths"][tei.INFO_PATH]
     assert "post" in spec["paths"]["/v1/tokenize"]
     schemas = spec["components"]["schemas"]
-    assert set(schemas["TeiInfo"]["properties"]) == TEI_INFO_FIELDS
+    assert set(schemas["TeiInfo"]["properties"]) == TEI_INFO_FIELDS | SR_INFO_FIELDS
     assert set(schemas["TeiErrorBody"]["properties"]["error_type"]["enum"]) == TEI_ERROR_TYPES
 
 
