@@ -12,6 +12,7 @@ once, after the response body was read.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 import trio
@@ -193,7 +194,16 @@ class DeploymentPool:
             restarts=sum(row.restarts for row in rows),
             replicas=rows,
             discovery=discovery or None,
+            prompts=self._prompts(),
         )
+
+    def _prompts(self) -> dict[str, Any] | None:
+        """The prompts of a ready replica's card (every replica serves the same folder)."""
+        for runner in self.runners.values():
+            card = runner.record.card
+            if runner.record.lifecycle is ReplicaState.READY and card:
+                return card.get("prompts")
+        return None
 
     def has_ready(self) -> bool:
         return any(r.record.lifecycle is ReplicaState.READY for r in self.runners.values())

@@ -101,6 +101,9 @@ class DeploymentView:
     restarts: int
     replicas: tuple[ReplicaView, ...]  # published ones: dispatched to, or draining
     discovery: tuple[DiscoveryView, ...] | None = None  # only with `discover` entries
+    # The folder's prompts, as a ready replica's card has them ({texts, default_prompt_name});
+    # only once one is ready.
+    prompts: Mapping[str, Any] | None = None
 
 
 @attrs.frozen

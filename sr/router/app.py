@@ -531,10 +531,14 @@ class RouterApp:
                 "ready_replicas": deployment.ready_replicas,
                 "ready": bool(deployment.ready_replicas),
             }
+            card = self.core.model_card(name) or {}
             # A LoRA adapter deployment names its adapter and base (a ready worker's card).
-            adapter = (self.core.model_card(name) or {}).get("adapter")
-            if adapter:
-                entry["adapter"] = adapter
+            if card.get("adapter"):
+                entry["adapter"] = card["adapter"]
+            # The prompts `prompt_name` names; a sparse encoder's SpladePooling.
+            for key in ("prompts", "sparse"):
+                if card.get(key):
+                    entry[key] = card[key]
             data.append(entry)
         return data
 
