@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import json
 import math
 import os
 import re
@@ -74,6 +75,22 @@ def cross_encoder(tmp_path_factory) -> Path:
 
 
 # -- against a real router --------------------------------------------------------------
+
+
+async def test_embed_prompt_name_is_the_native_field(tmp_path):
+    folder = tmp_path / "prompted"
+    write_tiny_bert(folder, seed=0)
+    prompts = {"prompts": {"query": "query: "}}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    async with serving(tmp_path, primary=str(folder)) as router:
+        native = await router.request(
+            "primary", "/v1/embeddings", {"input": TEXTS, "prompt_name": "query"}
+        )
+        typed = await router.embed("primary", TEXTS, prompt_name="query")
+        assert [list(v) for v in typed.vectors] == [row["embedding"] for row in native["data"]]
+        assert typed.vectors != (await router.embed("primary", TEXTS)).vectors
+        with pytest.raises(InvalidRequest, match="prompt_name: unknown prompt 'passage'"):
+            await router.embed("primary", TEXTS, prompt_name="passage")
 
 
 async def test_embed_gives_the_native_vectors_and_cuts_dimensions(tmp_path):

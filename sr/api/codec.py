@@ -53,11 +53,17 @@ T = TypeVar("T")
 
 
 def embeddings_body(
-    texts: str | Sequence[str], *, dimensions: int | None, truncate: bool | None
+    texts: str | Sequence[str],
+    *,
+    dimensions: int | None,
+    truncate: bool | None,
+    prompt_name: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"input": _texts(texts)}
     if dimensions is not None:
         body["dimensions"] = dimensions
+    if prompt_name is not None:
+        body["prompt_name"] = prompt_name  # one of the folder's prompts (the worker checks)
     return _with_truncate(body, truncate)
 
 

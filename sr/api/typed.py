@@ -67,9 +67,14 @@ class TypedApi:
         dimensions: int | None = None,
         truncate: bool | None = None,
         timeout_s: float | None = None,
+        prompt_name: str | None = None,
     ) -> results.Embeddings:
-        """One vector per text (/v1/embeddings); `dimensions` keeps the first ones."""
-        body = codec.embeddings_body(texts, dimensions=dimensions, truncate=truncate)
+        """One vector per text (/v1/embeddings); `dimensions` keeps the first ones;
+        `prompt_name` puts one of the folder's prompts before each text (None: its
+        default prompt, if any)."""
+        body = codec.embeddings_body(
+            texts, dimensions=dimensions, truncate=truncate, prompt_name=prompt_name
+        )
         name, answer = await self._answer(deployment, "/v1/embeddings", body, timeout_s)
         count = 1 if isinstance(texts, str) else len(body["input"])
         return codec.parse_embeddings(answer, name, count=count)
