@@ -23,6 +23,7 @@ from sr.worker import timing
 from sr.worker import validation as v
 from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
+from sr.worker.sparse_task import sparse_embeddings
 from sr.worker.token_classify import TOKEN_ONLY_FIELDS, TokenClassifier
 
 ZERO_SHOT_TEMPERATURE = 0.05
@@ -38,7 +39,6 @@ _EMBEDDINGS_FIELDS = frozenset(
         "add_special_tokens", "prompt_name", "task",
     }
 )  # fmt: skip
-_SPARSE_FIELDS = frozenset({"model", "input", "truncate", "prompt_name", "task"})
 _CLASSIFY_FIELDS = frozenset({"model", "input", "labels", "truncate"})
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
 _RERANK_FIELDS = frozenset(
@@ -150,24 +150,7 @@ class Tasks:
         }
 
     async def sparse_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A sparse encoder's SPLADE vectors, each as its non-zero entries (vocabulary
-        indices ascending, and their values)."""
-        v.check_fields(body, allowed=_SPARSE_FIELDS, required=("input",))
-        model_name = self._served_model(body)
-        if not self.sparse:
-            raise InvalidRequest(
-                "this deployment's model is not a sparse encoder; /v1/sparse_embeddings needs "
-                "a SparseEncoder folder (MLMTransformer -> SpladePooling)"
-            )
-        texts, fields = v.inputs(body["input"])
-        texts, _ = self._prompted(texts, prompt_text(body, self.prompts))
-        rows, usage = await self._rows(texts, fields, self._overflow(body))
-        entries = await self.engine.compute("sparse", rows)
-        data = [
-            {"object": "sparse_embedding", "index": i, "indices": indices, "values": values}
-            for i, (indices, values) in enumerate(entries)
-        ]
-        return {"object": "list", "model": model_name, "data": data, "usage": usage}
+        return await sparse_embeddings(self, body)  # sr.worker.sparse_task
 
     async def classify(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.token_classifier is not None:
