@@ -12,7 +12,6 @@ once, after the response body was read.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import attrs
 import trio
@@ -197,7 +196,7 @@ class DeploymentPool:
             prompts=self._prompts(),
         )
 
-    def _prompts(self) -> dict[str, Any] | None:
+    def _prompts(self) -> dict | None:
         """The prompts of a ready replica's card (every replica serves the same folder)."""
         for runner in self.runners.values():
             card = runner.record.card
