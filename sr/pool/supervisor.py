@@ -34,7 +34,7 @@ from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
 from sr.pool import worker_exchange
 from sr.pool.changes import StateChanges
-from sr.pool.deployment import DeploymentPool, Reply
+from sr.pool.deployment import DeploymentPool, HangUpWatch, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.identity import replica_identities
 from sr.pool.policy import DeploymentPolicy
@@ -118,11 +118,14 @@ class Supervisor:
         *,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        watch: HangUpWatch | None = None,
     ) -> Reply:
+        """The deployment's answer (sr.pool.deployment.DeploymentPool.request_raw);
+        ClientDisconnected when `watch` saw the caller hang up first."""
         pool = self.pools.get(deployment)
         if pool is None:
             raise ModelNotFound(f"deployment {deployment!r} does not exist")
-        return await pool.request_raw(path, body, timeout_s, request_id)
+        return await pool.request_raw(path, body, timeout_s, request_id, watch)
 
     # -- views ----------------------------------------------------------------------
     def inventory(self) -> Inventory:

@@ -75,7 +75,7 @@ from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
 from sr.worker.timing import WorkerTiming
 
 if TYPE_CHECKING:
-    from sr.pool.deployment import Reply
+    from sr.pool.deployment import HangUpWatch, Reply
 
 NATIVE_ROUTES = frozenset(
     {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
@@ -112,6 +112,7 @@ class SupervisorLike(WorkerPoster, Protocol):
         *,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        watch: HangUpWatch | None = None,
     ) -> Reply: ...
     def inventory(self) -> Inventory: ...
     def is_ready(self) -> bool: ...
@@ -412,24 +413,22 @@ class RouterApp:
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
         None when it was. Under sr's server the hang-up is noticed by its poller (the
-        `sr.hang_up` extension, sr.http.hang_up); elsewhere by a watcher task."""
+        `sr.hang_up` extension, sr.http.hang_up), which the pool points at the cancel scope
+        each attempt already has; elsewhere by a watcher task."""
         hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
         if hang_up is None:
             return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
-        request_scope = trio.CancelScope()
-        stop_watching = hang_up["watch"](request_scope)
         try:
-            with request_scope:
-                return await self.core.request_raw(
-                    deployment,
-                    route,
-                    body,
-                    timeout_s=timeout_s,
-                    request_id=request_id.current.get(),
-                )
-        finally:
-            stop_watching()
-        return None  # the scope was cancelled: the caller hung up
+            return await self.core.request_raw(
+                deployment,
+                route,
+                body,
+                timeout_s=timeout_s,
+                request_id=request_id.current.get(),
+                watch=hang_up["watch"],
+            )
+        except ClientDisconnected:
+            return None  # the caller hung up
 
     async def _dispatch_own_nursery(
         self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
