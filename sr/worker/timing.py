@@ -38,6 +38,7 @@ sends none there either.
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -56,6 +57,9 @@ HEADER_NAMES = (
 _HEADER_BYTES = tuple(name.encode() for name in HEADER_NAMES)
 TIMING_HEADER = b"x-sr-timing"  # the worker's answer, read by the router
 TIMING_KEY = TIMING_HEADER.decode()  # how the router's hop client names it
+# Six whole numbers: one C call checks them all (a check per field cost the router about
+# 20 Python calls a request).
+_WELL_FORMED = re.compile(r"[0-9]+ [0-9]+ [0-9]+ [0-9]+ [0-9]+ [0-9]+")
 
 _current: contextvars.ContextVar[RequestTiming | None] = contextvars.ContextVar(
     "sr_request_timing", default=None
@@ -147,12 +151,9 @@ class WorkerTiming(NamedTuple):
         """The timing of a worker's answer (its headers as the hop client gives them), None
         without a well-formed one (an error, an attached worker of another version)."""
         value = headers.get(TIMING_KEY)
-        if value is None:
+        if value is None or _WELL_FORMED.fullmatch(value) is None:
             return None
-        fields = value.split(" ")
-        if len(fields) != 6 or not all(f.isascii() and f.isdigit() for f in fields):
-            return None
-        return cls(*map(int, fields))
+        return cls(*map(int, value.split(" ")))
 
     def tei_headers(self) -> list[tuple[bytes, bytes]]:
         """TEI's seven timing headers, in HEADER_NAMES order: whole milliseconds, cut down
