@@ -57,17 +57,20 @@ class InstantCore:
     def resolve(self, model: str) -> str:
         return "primary"
 
+    def __init__(self) -> None:
+        # The one scope every dispatch's hang-up watch is pointed at: the real pool points it
+        # at the attempt's deadline scope, whose cost is the pool's, not the front end's.
+        self._scope = trio.CancelScope()
+
     async def request_raw(
         self, deployment, path, body, timeout_s=None, request_id=None, watch=None
     ):
-        # As the pool does: the hang-up watch is pointed at the dispatch's own scope.
-        with trio.CancelScope() as scope:
-            stop_watching = watch(scope) if watch is not None else None
-            try:
-                await trio.lowlevel.checkpoint()
-            finally:
-                if stop_watching is not None:
-                    stop_watching()
+        stop_watching = watch(self._scope) if watch is not None else None
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            if stop_watching is not None:
+                stop_watching()
         return _Reply(200, WORKER_HEADERS, ANSWER, "primary-0")
 
     def inventory(self) -> Inventory:

@@ -40,13 +40,14 @@ Needs valgrind on PATH. Writes bench/results/stage_instructions.json.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.bench_revisions import export_tree
@@ -96,7 +97,7 @@ def worker_http() -> Callable[[int], None]:
     return _http(b"x-request-id: 0123456789abcdef\r\nx-sr-deployment: primary\r\n")
 
 
-def router_front() -> Callable[[int], None]:
+def router_front() -> Callable[[int], Awaitable[None]]:
     import trio
 
     from bench.bench_frontend import make_app, served_extensions
@@ -108,7 +109,7 @@ def router_front() -> Callable[[int], None]:
     async def send(message: dict) -> None:
         return None
 
-    def once(number: int) -> None:
+    async def once(number: int) -> None:
         body = _request_body("primary", number)
         scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "query_string": b"",
                  "headers": [*scope_headers, (b"content-length", b"%d" % len(body))],
@@ -122,7 +123,7 @@ def router_front() -> Callable[[int], None]:
             await trio.sleep_forever()
             raise AssertionError
 
-        _run_on(app(scope, receive, send))
+        await app(scope, receive, send)
 
     return once
 
@@ -173,28 +174,24 @@ def router_hop() -> Callable[[int], None]:
 
 
 def _worker_service(artifact: str):
-    """A ready WorkerService (the golden check passes: the tiny model has no golden
-    vectors), started on a Trio loop that `_run_on` keeps turning."""
-    from sr.models.golden import GoldenResult
+    """A ready WorkerService, as `sr worker` starts it, on a Trio loop that `_run_on` keeps
+    turning."""
     from sr.worker.options import WorkerOptions
     from sr.worker.service import WorkerService
 
-    service = WorkerService(
-        WorkerOptions(artifact=artifact, threads=1), golden_check_fn=lambda model: GoldenResult()
-    )
+    service = WorkerService(WorkerOptions(artifact=artifact, threads=1))
     _start_on_loop(service)
     if service.state.value != "ready":
         raise SystemExit(f"the worker is {service.state.value}: {service.reason}")
     return service
 
 
-def worker_handler(artifact: str) -> Callable[[int], None]:
+def worker_handler(artifact: str) -> Callable[[int], Awaitable[None]]:
     service = _worker_service(artifact)
 
-    def once(number: int) -> None:
-        status, _, payload = _run_on(
-            service.handle("POST", "/v1/embeddings", _request_body(artifact, number))
-        )
+    async def once(number: int) -> None:
+        body = _request_body(artifact, number)
+        status, _, payload = await service.handle("POST", "/v1/embeddings", body)
         assert status == 200, payload
 
     return once
@@ -301,13 +298,22 @@ _NEEDS_ARTIFACT = {"worker_handler", "worker_tokenize", "worker_forward", "worke
 
 
 def _run_stage(name: str, count: int, artifact: str) -> None:
-    """The traced process: set up, warm up, then `count` runs of the stage."""
+    """The traced process: set up, warm up, then `count` runs of the stage (an async stage
+    runs all of them in one call on the Trio loop, so no crossing between threads is
+    counted)."""
     make = globals()[name]
     once = make(artifact) if name in _NEEDS_ARTIFACT else make()
-    for number in range(WARMUP):
-        once(number)
-    for number in range(WARMUP, WARMUP + count):
-        once(number)
+    if not inspect.iscoroutinefunction(once):
+        for number in range(WARMUP + count):
+            once(number)
+        return
+
+    async def runs(first: int, last: int) -> None:
+        for number in range(first, last):
+            await once(number)
+
+    _run_on(runs(0, WARMUP))
+    _run_on(runs(WARMUP, WARMUP + count))
 
 
 def _instructions(tree: Path, name: str, count: int, artifact: str) -> int:
