@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from sr.errors import InvalidRequest, RequestTooLarge
-from sr.worker import timing
+from sr.worker import peer_fields, timing
 from sr.worker import validation as v
 from sr.worker.served_as import served_model
 from sr.worker.token_classify import TOKEN_ONLY_FIELDS, TokenClassifier
@@ -69,6 +69,7 @@ class Tasks:
         )
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = peer_fields.embeddings_body(body)  # Jina's and Infinity's fields as sr's
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
         model_name = self._served_model(body)
         encoding = body.get("encoding_format", "float")
