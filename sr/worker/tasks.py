@@ -153,7 +153,10 @@ class Tasks:
             labels = v.text_map(body["labels"], "labels", limit=v.MAX_LABELS)
             keys = list(labels)
             rows, usage = await self._rows(
-                texts + list(labels.values()), fields + [f"labels.{k}" for k in keys], overflow
+                texts + list(labels.values()),
+                fields + [f"labels.{k}" for k in keys],
+                overflow,
+                self._cut(body),
             )
             vectors = await self.engine.compute("embed", rows)
             label_vectors = vectors[len(texts) :]
