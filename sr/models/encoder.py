@@ -199,6 +199,13 @@ class EncoderModel:
                 hidden, packed.lengths, self.pooling_modes, normalize, self.dense or None
             ).cpu()
 
+    def token_states(self, batch: list[list[int]]) -> torch.Tensor:
+        """float32 [T, H] on the CPU: the backbone's last hidden state of every token of the
+        batch, row after row, before pooling (TEI's /embed_all)."""
+        ids, packed = self._pack(batch)
+        with torch.inference_mode():
+            return self.backbone.hidden_states(ids, packed).float().cpu()
+
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
         if self.head_labels is None:

@@ -79,8 +79,11 @@ if TYPE_CHECKING:
     from sr.pool.deployment import Reply
 
 NATIVE_ROUTES = frozenset(
-    {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
-)
+    {
+        "/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize",
+        "/v1/token_embeddings", "/v1/detokenize",
+    }
+)  # fmt: skip
 # Other APIs' paths for a native route, the body and answer the same: Cohere's v2 rerank,
 # Infinity's embeddings.
 ALIAS_ROUTES = {"/v2/rerank": "/v1/rerank", "/embeddings": "/v1/embeddings"}

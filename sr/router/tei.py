@@ -11,6 +11,10 @@ deployment, cache, deadline header, hang-up cancel, replica header, metrics).
                          Infinity's body (`query`, `documents`): the native answer
                          ({results: [{index, relevance_score, document?}], usage})
     POST /tokenize    -> /v1/tokenize     [[{id, text, special, start, stop}, ...], ...]
+    POST /embed_all   -> /v1/token_embeddings  [[[float, ...] per token] per input]: the
+                         last hidden states, special tokens included, before pooling
+    POST /decode      -> /v1/detokenize   [text, ...]: `ids` (one list or several) back to
+                         text, special tokens skipped unless skip_special_tokens is false
     POST /similarity, /predict           sr.router.tei_tasks
     POST /            -> by the body: `inputs` {source_sentence, sentences} is /similarity;
                          other `inputs` are /embed, or on a deployment with a head (its
@@ -81,7 +85,8 @@ from sr.worker.timing import WorkerTiming
 from sr.worker.validation import TOO_MANY_TOKENS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
-POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT, SIMILARITY, PREDICT})
+EMBED_ALL, DECODE = "/embed_all", "/decode"
+POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT, SIMILARITY, PREDICT, EMBED_ALL, DECODE})
 # /rerank with Cohere's, Jina's, vLLM's or Infinity's body: the native /v1/rerank body.
 PEER_RERANK = "peer-rerank"
 
@@ -90,6 +95,8 @@ _NATIVE_ROUTE = {
     RERANK: "/v1/rerank",
     PEER_RERANK: "/v1/rerank",
     TOKENIZE: "/v1/tokenize",
+    EMBED_ALL: "/v1/token_embeddings",
+    DECODE: "/v1/detokenize",
     **tei_tasks.NATIVE_ROUTE,
 }
 _FIELDS = {
@@ -106,12 +113,16 @@ _FIELDS = {
         }
     ),
     TOKENIZE: frozenset({"inputs", "add_special_tokens", "prompt_name", "model"}),
+    EMBED_ALL: frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"}),
+    DECODE: frozenset({"ids", "skip_special_tokens", "model"}),
     **tei_tasks.FIELDS,
 }  # fmt: skip
 _REQUIRED = {
     EMBED: ("inputs",),
     RERANK: ("query", "texts"),
     TOKENIZE: ("inputs",),
+    EMBED_ALL: ("inputs",),
+    DECODE: ("ids",),
     SIMILARITY: ("inputs",),
     PREDICT: ("inputs",),
     TEXT_CLASSIFICATION: ("inputs",),
@@ -122,6 +133,7 @@ _TEI_FIELD = {
     "/v1/embeddings": {"input": "inputs"},
     "/v1/rerank": {"documents": "texts", "return_documents": "return_text"},
     "/v1/tokenize": {"input": "inputs"},
+    "/v1/token_embeddings": {"input": "inputs"},
     "/v1/classify": {
         "input": "inputs",
         "aggregation_strategy": "parameters.aggregation_strategy",
@@ -307,8 +319,25 @@ def _tokenize_body(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _embed_all_body(body: dict[str, Any]) -> dict[str, Any]:
+    refuse_prompt(body)
+    native: dict[str, Any] = {"input": texts(body["inputs"])}
+    native.update(truncation(body))
+    return native
+
+
+def _decode_body(body: dict[str, Any]) -> dict[str, Any]:
+    ids = body["ids"]
+    if isinstance(ids, list) and not ids:
+        raise EmptyInput("ids: must not be empty")
+    # The worker checks the ids against the vocabulary, naming `ids[i]`.
+    return {"ids": ids, "skip_special_tokens": flag(body, "skip_special_tokens", True)}
+
+
 _BODIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     EMBED: _embed_body,
+    EMBED_ALL: _embed_all_body,
+    DECODE: _decode_body,
     RERANK: _rerank_body,
     TOKENIZE: _tokenize_body,
     SIMILARITY: tei_tasks.similarity_body,
@@ -330,6 +359,12 @@ def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
     if task == EMBED:
         rows = sorted(native["data"], key=lambda row: row["index"])
         return dump_json([row["embedding"] for row in rows])
+    if task == EMBED_ALL:
+        rows = sorted(native["data"], key=lambda row: row["index"])
+        return dump_json([row["embeddings"] for row in rows])
+    if task == DECODE:
+        rows = sorted(native["data"], key=lambda row: row["index"])
+        return dump_json([row["text"] for row in rows])
     if task == RERANK:
         ranks = []
         for result in native["results"]:  # already highest score first

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from sr.errors import InvalidRequest, RequestTooLarge
+from sr.http.jsonbody import json_kind
 from sr.worker import peer_fields, timing
 from sr.worker import validation as v
 from sr.worker.served_as import served_model
@@ -51,6 +52,8 @@ _RERANK_FIELDS = frozenset(
     }
 )  # fmt: skip
 _TOKENIZE_FIELDS = frozenset({"model", "input", "add_special_tokens"})
+_TOKEN_EMBEDDINGS_FIELDS = frozenset({"model", "input", "truncate", "truncation_direction"})
+_DETOKENIZE_FIELDS = frozenset({"model", "ids", "skip_special_tokens"})
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 
 
@@ -359,6 +362,47 @@ class Tasks:
         tokens = sum(map(len, rows))
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "model": model_name, "data": data, "usage": usage}
+
+    async def token_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Each text's last hidden state per token (special tokens included), before
+        pooling: TEI's /embed_all. Under the overflow rule as /v1/embeddings."""
+        v.check_fields(body, allowed=_TOKEN_EMBEDDINGS_FIELDS, required=("input",))
+        model_name = self._served_model(body)
+        texts, fields = v.inputs(body["input"])
+        rows, usage = await self._rows(texts, fields, self._overflow(body), self._cut(body))
+        states = await self.engine.compute("hidden", rows)
+        data = [
+            {"object": "token_embeddings", "index": i, "embeddings": row}
+            for i, row in enumerate(states)
+        ]
+        return {"object": "list", "model": model_name, "data": data, "usage": usage}
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Token ids back to text through the model's tokenizer (TEI's /decode): `ids` is
+        one list of ids or a list of them; special tokens are skipped unless
+        `skip_special_tokens` is false. No forward runs."""
+        v.check_fields(body, allowed=_DETOKENIZE_FIELDS, required=("ids",))
+        model_name = self._served_model(body)
+        ids = body["ids"]
+        if not isinstance(ids, list) or not ids:
+            raise InvalidRequest("ids: expected a non-empty list of token ids or of lists of them")
+        vocab = self._vocab_size()
+        if isinstance(ids[0], list):
+            if len(ids) > v.MAX_INPUTS:
+                raise RequestTooLarge(f"ids: {len(ids)} items; the limit is {v.MAX_INPUTS}")
+            rows = []
+            for i, row in enumerate(ids):
+                if not isinstance(row, list):
+                    raise InvalidRequest(
+                        f"ids[{i}]: expected a list of token ids, got {json_kind(row)}"
+                    )
+                rows.append(v.token_ids(row, f"ids[{i}]", vocab, item=f"ids[{i}]"))
+        else:
+            rows = [v.token_ids(ids, "ids", vocab, item="ids")]
+        skip = v.boolean(body.get("skip_special_tokens", True), "skip_special_tokens")
+        texts = self.model.tokenizer.decode_batch(rows, skip_special_tokens=skip)
+        data = [{"index": i, "text": text} for i, text in enumerate(texts)]
+        return {"object": "list", "model": model_name, "data": data}
 
     async def _pairs(
         self, query: str, documents: list[str], fields: list[str], overflow: str, direction: str

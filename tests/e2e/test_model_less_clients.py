@@ -210,3 +210,29 @@ def test_models_list_each_base_path(server):
         "embedder": "/d/embedder/",
         "reranker": "/d/reranker/",
     }
+
+
+def test_embed_all_is_the_last_hidden_state_per_token(server):
+    folder = str(embedded_default_dir())
+    model = transformers.AutoModel.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    answer = httpx.post(f"{server.url}/d/embedder/embed_all", json={"inputs": TEXTS})
+    assert answer.status_code == 200, answer.text
+    for text, tokens in zip(TEXTS, answer.json(), strict=True):
+        with torch.no_grad():
+            hidden = model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0]
+        np.testing.assert_allclose(np.array(tokens), hidden.numpy(), atol=1e-4)
+
+
+def test_decode_is_the_tokenizers_decode(server):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(embedded_default_dir()))
+    ids = [tokenizer(text)["input_ids"] for text in TEXTS]
+    answer = httpx.post(f"{server.url}/d/embedder/decode", json={"ids": ids})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+    one = httpx.post(
+        f"{server.url}/decode?model=embedder", json={"ids": ids[0], "skip_special_tokens": False}
+    )
+    assert one.json() == [tokenizer.decode(ids[0], skip_special_tokens=False)]
+    bad = httpx.post(f"{server.url}/d/embedder/decode", json={"ids": [10**9]})
+    assert bad.status_code == 422 and bad.json()["error"].startswith("ids[0]: token id")
