@@ -201,6 +201,7 @@ class RouterApp:
             (tei_info.INFO_PATH, {"GET": self._tei_info}),
             ("/api/v1/reload", {"POST": self._reload_route}),
         ]
+        self._fault_injection = fault_injection
         if fault_injection:
             routes.append((FAULTS_PATH, {"POST": FaultRoute(core)}))
         self._routes = _route_table(routes)
@@ -523,7 +524,7 @@ class RouterApp:
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_response(send, 200, _openapi_json())
+        await send_response(send, 200, _openapi_json(self._auth.enabled, self._fault_injection))
 
     async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
         """A CORS preflight: 204 with what the origin may send, or 403 naming it."""
@@ -622,12 +623,22 @@ class _Answer:
 
 
 @functools.cache
-def _openapi_json() -> bytes:
-    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, read once."""
+def _openapi_json(api_keys: bool, fault_injection: bool) -> bytes:
+    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, true to this router:
+    bearer security declared only when the listener has API keys, the fault route listed
+    only when fault injection is on. Built once per combination."""
     import yaml
 
     text = resources.files("sr.router").joinpath("openapi.yaml").read_text(encoding="utf-8")
-    return json.dumps(yaml.safe_load(text), separators=(",", ":")).encode()
+    document = yaml.safe_load(text)
+    if not api_keys:
+        document.pop("security", None)
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation.pop("security", None)
+    if not fault_injection:
+        del document["paths"][FAULTS_PATH]
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
