@@ -13,7 +13,10 @@ the OpenAPI document) or the reload trigger.
 Routing is one table, path -> method -> handler (`_routes`, and `_prefix_routes` for
 `/v1/models/{model}`): a path it does not hold is 404, a method its path does not take is
 405 with `Allow` naming the ones it does; HEAD is taken wherever GET is. The fault route is
-in the table only when fault injection is on (sr.router.faults).
+in the table only when fault injection is on (sr.router.faults). Every route also answers
+under `/d/<deployment>/` for that deployment alone: the prefix is cut off before the table
+is read (one `startswith` per request) and kept in the scope, where the dispatching routes
+find it, as they find `?model=`: the address of clients that never send `model`.
 
 Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
