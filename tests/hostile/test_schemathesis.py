@@ -57,7 +57,8 @@ def test_schemathesis_finds_nothing(tmp_path, keys):
         ]  # fmt: skip
         if keys:
             command += ["--header", f"Authorization: Bearer {KEY}"]
-        run = subprocess.run(command, capture_output=True, text=True, timeout=400)
+        # Run in tmp_path: schemathesis keeps a cache folder in its working directory.
+        run = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     finally:
         process.stop()
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
