@@ -13,7 +13,10 @@ the OpenAPI document) or the reload trigger.
 Routing is one table, path -> method -> handler (`_routes`, and `_prefix_routes` for
 `/v1/models/{model}`): a path it does not hold is 404, a method its path does not take is
 405 with `Allow` naming the ones it does; HEAD is taken wherever GET is. The fault route is
-in the table only when fault injection is on (sr.router.faults).
+in the table only when fault injection is on (sr.router.faults). Every route also answers
+under `/d/<deployment>/` for that deployment alone: the prefix is cut off before the table
+is read (one `startswith` per request) and kept in the scope, where the dispatching routes
+find it, as they find `?model=`: the address of clients that never send `model`.
 
 Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
@@ -31,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
 
 import trio
 
@@ -63,7 +67,7 @@ from sr.http.asgi import (
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
 from sr.logs import AccessLog
 from sr.pool.views import Inventory, inventory_json, startup_status_json
-from sr.router import tei
+from sr.router import tei, tei_info
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
@@ -78,9 +82,20 @@ if TYPE_CHECKING:
     from sr.pool.deployment import HangUpWatch, Reply
 
 NATIVE_ROUTES = frozenset(
-    {"/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize"}
-)
+    {
+        "/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize",
+        "/v1/token_embeddings", "/v1/detokenize",
+    }
+)  # fmt: skip
+# Other APIs' paths for a native route, the body and answer the same: Cohere's v2 rerank,
+# Infinity's embeddings.
+ALIAS_ROUTES = {"/v2/rerank": "/v1/rerank", "/embeddings": "/v1/embeddings"}
 MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
+# A deployment's own base URL: /d/<deployment>/<route> is <route> for that deployment, so a
+# client that never sends `model` (TEI's, Cohere's) can be pointed at one of several.
+DEPLOYMENT_PATH_PREFIX = "/d/"
+# The deployment the URL names (/d/<name>/), kept in the ASGI scope for the handlers.
+ADDRESSED_SCOPE_KEY = "sr.addressed"
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"
 OPENAPI_PATH = "/openapi.json"
@@ -175,6 +190,7 @@ class RouterApp:
         self.apply_config(config)
         # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).
         fronts: list[Front] = [NativeFront(route) for route in sorted(NATIVE_ROUTES)]
+        fronts += [NativeFront(alias, native) for alias, native in sorted(ALIAS_ROUTES.items())]
         # TEI's root route reads the task of a body with `inputs` off the deployment's card.
         fronts += [tei.TeiFront(route, self._head_task) for route in sorted(tei.POST_ROUTES)]
         routes: list[tuple[str, dict[str, Handler]]] = [
@@ -186,9 +202,10 @@ class RouterApp:
             ("/api/v1/inventory/model-runtime", {"GET": self._inventory}),
             ("/metrics", {"GET": self._metrics}),
             (OPENAPI_PATH, {"GET": self._openapi}),
-            (tei.INFO_PATH, {"GET": self._tei_info}),
+            (tei_info.INFO_PATH, {"GET": self._tei_info}),
             ("/api/v1/reload", {"POST": self._reload_route}),
         ]
+        self._fault_injection = fault_injection
         if fault_injection:
             routes.append((FAULTS_PATH, {"POST": FaultRoute(core)}))
         self._routes = _route_table(routes)
@@ -248,7 +265,7 @@ class RouterApp:
                 self.access_log.record(
                     request_id=answer.request_id.decode(),
                     method=scope["method"],
-                    route=scope["path"],
+                    route=scope.get("root_path", "") + scope["path"],
                     deployment=scope.get(DEPLOYMENT_SCOPE_KEY),
                     replica=answer.replica,
                     status=answer.status,
@@ -266,6 +283,8 @@ class RouterApp:
         host: bytes | None,
     ) -> None:
         path = scope["path"]
+        if path.startswith(DEPLOYMENT_PATH_PREFIX):
+            path = _strip_deployment(scope, path)
         method = scope["method"]
         if origin is not None:
             if method == "OPTIONS" and self._cors.enabled:
@@ -319,8 +338,9 @@ class RouterApp:
                 receive, content_length, self.max_body_bytes, self.body_timeout_s,
                 scope.get("extensions"),
             )  # fmt: skip
-            request = front.parse(raw)
-            deployment = self._deployment_for(request.model)
+            addressed = self._addressed(scope)
+            request = front.parse(raw, addressed)
+            deployment = self._deployment_for(request.model, addressed)
             scope[DEPLOYMENT_SCOPE_KEY] = deployment
             key = None
             if self.cache.enabled_for(deployment):
@@ -363,8 +383,34 @@ class RouterApp:
         finally:
             self.metrics.observe_request(deployment, route, outcome, time.perf_counter() - started)
 
-    def _deployment_for(self, model: str | None) -> str:
-        """The deployment a request names, or (TEI bodies name none) the only one."""
+    def _addressed(self, scope: dict[str, Any]) -> str | None:
+        """The deployment the URL addresses (`/d/<name>/` or `?model=`), None when it names
+        none. Both given, they must name the same deployment."""
+        named = scope.get(ADDRESSED_SCOPE_KEY)
+        query = scope.get("query_string")
+        if not query and named is None:
+            return None  # the usual request: nothing to read
+        addressed = None if named is None else self.core.resolve(named)
+        queried = query_model(query) if query else None
+        if queried is not None:
+            deployment = self.core.resolve(queried)
+            if addressed is not None and deployment != addressed:
+                raise InvalidRequest(
+                    f"model: ?model={queried} names deployment {deployment!r}; the URL "
+                    f"addresses {addressed!r}"
+                )
+            addressed = deployment
+        return addressed
+
+    def _deployment_for(self, model: str | None, addressed: str | None = None) -> str:
+        """The deployment a request names: its body's `model`, the URL's (`addressed`), or
+        (TEI bodies name none) the only one. A body and a URL that disagree are refused."""
+        if addressed is not None:
+            if model is not None and self.core.resolve(model) != addressed:
+                raise InvalidRequest(
+                    f"model: {model!r} is not deployment {addressed!r}, which the URL addresses"
+                )
+            return addressed
         if model is not None:
             return self.core.resolve(model)
         if len(self._artifacts) == 1:
@@ -372,6 +418,7 @@ class RouterApp:
         raise InvalidRequest(
             "model: required when several deployments are served; name one of: "
             + ", ".join(sorted(self._artifacts))
+            + f" (in the body, as ?model=, or with the URL {DEPLOYMENT_PATH_PREFIX}<deployment>/)"
         )
 
     def _head_task(self, model: str | None) -> str | None:
@@ -385,15 +432,15 @@ class RouterApp:
         return card.get("head_task") if card else None
 
     async def _tei_info(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """GET /info: TEI's info object for the deployment (sr.router.tei.info)."""
+        """GET /info: TEI's info object for the deployment (sr.router.tei_info)."""
         try:
-            deployment = self._deployment_for(tei.info_model(scope.get("query_string", b"")))
+            deployment = self._deployment_for(None, self._addressed(scope))
             card = self.core.model_card(deployment)
             if card is None:
                 raise Unavailable(f"deployment {deployment!r} has no ready replica yet")
             entries = self._model_entries()
             ready = next((e["ready_replicas"] for e in entries if e["id"] == deployment), 0)
-            answer = tei.info(
+            answer = tei_info.info(
                 card, deployment=deployment, ready_replicas=ready, version=__version__
             )
         except RequestError as error:
@@ -468,7 +515,10 @@ class RouterApp:
         await send_json(send, 200, startup_status_json(self.core.inventory()))
 
     async def _inventory(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_json(send, 200, inventory_json(self.core.inventory()))
+        data = inventory_json(self.core.inventory())
+        for name, deployment in data["deployments"].items():
+            deployment["base_path"] = deployment_base_path(name)  # for a model-less client
+        await send_json(send, 200, data)
 
     async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         scrapes = await self.core.replica_metrics(REPLICA_SCRAPE_TIMEOUT_S)
@@ -476,7 +526,7 @@ class RouterApp:
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_response(send, 200, _openapi_json())
+        await send_response(send, 200, _openapi_json(self._auth.enabled, self._fault_injection))
 
     async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
         """A CORS preflight: 204 with what the origin may send, or 403 naming it."""
@@ -526,6 +576,7 @@ class RouterApp:
                 "replicas": deployment.desired_replicas,
                 "ready_replicas": deployment.ready_replicas,
                 "ready": bool(deployment.ready_replicas),
+                "base_path": deployment_base_path(name),
             }
             # A LoRA adapter deployment names its adapter and base (a ready worker's card).
             adapter = (self.core.model_card(name) or {}).get("adapter")
@@ -574,12 +625,22 @@ class _Answer:
 
 
 @functools.cache
-def _openapi_json() -> bytes:
-    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, read once."""
+def _openapi_json(api_keys: bool, fault_injection: bool) -> bytes:
+    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, true to this router:
+    bearer security declared only when the listener has API keys, the fault route listed
+    only when fault injection is on. Built once per combination."""
     import yaml
 
     text = resources.files("sr.router").joinpath("openapi.yaml").read_text(encoding="utf-8")
-    return json.dumps(yaml.safe_load(text), separators=(",", ":")).encode()
+    document = yaml.safe_load(text)
+    if not api_keys:
+        document.pop("security", None)
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation.pop("security", None)
+    if not fault_injection:
+        del document["paths"][FAULTS_PATH]
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -588,6 +649,34 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+def deployment_base_path(deployment: str) -> str:
+    """The path under which every route answers for `deployment` alone."""
+    return f"{DEPLOYMENT_PATH_PREFIX}{deployment}/"
+
+
+def _strip_deployment(scope: dict[str, Any], path: str) -> str:
+    """`/d/<name>/<route>` -> `/<route>`, `<name>` kept in the scope (resolved, and refused
+    when unknown, by the handler that dispatches, in its API's error shape)."""
+    name, _, rest = path[len(DEPLOYMENT_PATH_PREFIX) :].partition("/")
+    scope[ADDRESSED_SCOPE_KEY] = name
+    # As a mounted ASGI app sees it: the handlers read the route's own path.
+    scope["root_path"] = scope.get("root_path", "") + DEPLOYMENT_PATH_PREFIX + name
+    scope["path"] = "/" + rest
+    return scope["path"]
+
+
+def query_model(query_string: bytes) -> str | None:
+    """`?model=` of a request (a body's `model` for a client that sends none), or None."""
+    values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("model")
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidRequest("model: give the query parameter once")
+    if not values[0]:
+        raise InvalidRequest("model: the query parameter must not be empty")
+    return values[0]
 
 
 def _route_table(routes: list[tuple[str, dict[str, Handler]]]) -> dict[str, dict[str, Handler]]:

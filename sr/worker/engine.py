@@ -34,9 +34,9 @@ from sr.worker.device_thread import DeviceThread
 # `embed_unnormalized`: the vector before the checkpoint's Normalize module (TEI's
 # `normalize: false`); a kind of its own so that cached rows never mix the two. `token`:
 # a token-classification head's logits, one list per token of the row.
-KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token")
+KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "hidden")
 # Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
-_PER_TOKEN = frozenset({"token"})
+_PER_TOKEN = frozenset({"token", "hidden"})
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -100,6 +100,7 @@ class Engine:
                 [r.ids for r in rows], [r.second for r in rows]
             ),
             "token": lambda rows: model.token_logits([r.ids for r in rows]),
+            "hidden": lambda rows: model.token_states([r.ids for r in rows]),
         }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()

@@ -150,6 +150,8 @@ class WorkerService:
             "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
             "/v1/rerank": ("POST", lambda body: forward(body, "rerank")),
             "/v1/tokenize": ("POST", lambda body: forward(body, "tokenize")),
+            "/v1/token_embeddings": ("POST", lambda body: forward(body, "token_embeddings")),
+            "/v1/detokenize": ("POST", lambda body: forward(body, "detokenize")),
             "/v1/models": ("GET", self._models_route),
             "/health": ("GET", self._health_route),
             "/health/live": ("GET", self._live_route),

@@ -44,6 +44,7 @@ def test_health_ready_startup_models_inventory(router):
             "replicas": 2,
             "ready_replicas": models[0]["ready_replicas"],
             "ready": True,
+            "base_path": "/d/primary/",
         }
     ]
     replicas = router.replicas()

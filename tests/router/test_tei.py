@@ -199,8 +199,8 @@ async def test_token_ids_are_whole_rows():
         ({"inputs": "a", "normalise": False}, 422, "Validation", "normalise: unknown field"),
         ({"inputs": "a", "normalize": "no"}, 422, "Validation", "normalize: "),
         ({"inputs": "a", "truncate": "yes"}, 422, "Validation", "truncate: "),
-        ({"inputs": "a", "truncation_direction": "left"}, 422, "Validation",
-         "truncation_direction: 'left' is not supported"),
+        ({"inputs": "a", "truncation_direction": "up"}, 422, "Validation",
+         "truncation_direction: expected 'right' or 'left'"),
         ({"inputs": "a", "truncation_direction": "up"}, 422, "Validation",
          "truncation_direction: "),
         ({"inputs": "a", "prompt_name": "query"}, 422, "Validation", "prompt_name: not supported"),
@@ -253,7 +253,7 @@ async def test_rerank_maps_texts_and_answers_ranks_highest_first():
         ({"query": "q", "texts": "a"}, 422, "Validation", "texts: "),
         ({"query": "q", "texts": ["a", 2]}, 422, "Validation", "texts[1]: "),
         ({"query": "q"}, 422, "Validation", "texts: required"),
-        ({"query": "q", "texts": ["a"], "top_n": 1}, 422, "Validation", "top_n: unknown field"),
+        ({"query": "q", "texts": ["a"], "top_k": 1}, 422, "Validation", "top_k: unknown field"),
         ({"query": "q", "texts": ["a"], "return_text": 1}, 422, "Validation", "return_text: "),
     ],
 )
@@ -379,7 +379,7 @@ def worker_answering(status: int, code: str, message: str):
     [
         ("/embed", {"inputs": ["a", "b"]},
          (400, "invalid_request", "input[1]: 300 tokens exceed input.max_tokens 256"),
-         422, "Validation", "inputs[1]: 300 tokens exceed"),
+         413, "Validation", "inputs[1]: 300 tokens exceed"),
         ("/embed", {"inputs": "a", "dimensions": 9},
          (400, "invalid_request", "dimensions: 9 exceeds this model's embedding size 2"),
          422, "Validation", "dimensions: 9 exceeds"),
