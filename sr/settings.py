@@ -35,6 +35,10 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
   VLLM_SRUN_READY_TIMEOUT         how long startup waits for ready workers (90s, 10m, 1h)
   HF_HUB_CACHE, HF_HOME           where the Hugging Face hub cache is (sr.models.artifacts)
   HF_ENDPOINT, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE   Hub downloads (sr.models.download)
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT   traces on, sent there
+                                  (`sr serve --otlp-endpoint` sets the first; sr.traces)
+  OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_SDK_DISABLED
+                                  the traces' service name and sampler (sr.traces)
 Passed on to workers and read there by the libraries themselves: HF_TOKEN, GOMP_SPINCOUNT
 (sr sets 20000 unless given, 1000 with adaptive threads: sr.pool.fork_start), OMP_PROC_BIND and
 OMP_PLACES (OpenMP then binds the threads, and sr.worker.placement steps aside),
@@ -55,6 +59,7 @@ import attrs
 from sr.errors import UsageError
 from sr.logs import resolve_log_format
 from sr.thread_budget import adaptive_mode, thread_override
+from sr.traces import TraceSettings
 
 MODEL_DIR_ENV = "SR_MODEL_DIR"
 INVENTORY_API_KEY_ENV = "SR_API_KEY"
@@ -137,6 +142,7 @@ class Settings:
     fault_injection: bool
     inventory_api_key: str | None = attrs.field(repr=False)
     models: ModelSources
+    traces: TraceSettings | None = None  # None: traces off (sr.traces)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
@@ -154,6 +160,7 @@ class Settings:
             fault_injection=fault_injection_enabled(env),
             inventory_api_key=env.get(INVENTORY_API_KEY_ENV),
             models=ModelSources.from_environ(env),
+            traces=TraceSettings.from_environ(env),
         )
 
 

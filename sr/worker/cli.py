@@ -90,6 +90,7 @@ def parse_command(argv: list[str], settings: Settings | None = None) -> WorkerCo
         device=args.device,
         threads=args.threads,
         fault_injection=settings.fault_injection,
+        traces=settings.traces,
     )
     options.validate()
     listen = (
