@@ -12,9 +12,10 @@ Rules:
   fork server: sr.pool.fork_start.worker_env), and where the variables that a config names
   (`api_key_env`) and that sr passes on untouched (GPU visibility masks) are looked up.
   A reload takes a new snapshot: that is how a rotated worker key is adopted.
-- Only `replace_process_environment` and `default_process_variables` write `os.environ`:
-  a forked worker adopting its request's environment, and defaults that native libraries
-  read themselves (oneDNN's cache sizes).
+- Only `replace_process_environment`, `default_process_variables` and `flag_variables` write
+  `os.environ`: a forked worker adopting its request's environment, defaults that native
+  libraries read themselves (oneDNN's cache sizes), and variables a flag stands for
+  (`sr serve --otlp-endpoint`), so that a reload's new snapshot keeps them.
 
 The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md say more):
 
@@ -214,3 +215,9 @@ def default_process_variables(defaults: Mapping[str, str]) -> None:
     """Set variables that native libraries read themselves, unless the operator did."""
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+
+
+def flag_variables(values: Mapping[str, str]) -> None:
+    """Variables a command-line flag stands for, over the environment's own: every later
+    snapshot (a reload's, the workers') has them."""
+    os.environ.update(values)

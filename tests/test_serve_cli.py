@@ -502,3 +502,16 @@ def test_traces_without_the_otel_extra_name_it(tmp_path, capsys, router, monkeyp
         "sr serve: error: traces need the otel extra: pip install 'sr[otel]'"
     )
     assert router == []
+
+
+def test_otlp_endpoint_stays_in_the_environment_a_reload_reads(tmp_path, router, monkeypatch):
+    """A reload takes a new snapshot of the process's environment (sr.settings): the flag's
+    endpoint must be in it, or workers started by a reload would lose their traces."""
+    import os
+
+    monkeypatch.setenv("SR_GPU_INVENTORY", "")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "placeholder")  # restored after
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    argv = ["--otlp-endpoint", "http://127.0.0.1:4318", "--config", str(tmp_path / "c.yaml")]
+    assert serve_cli.main(argv) == 0
+    assert os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == "http://127.0.0.1:4318/v1/traces"

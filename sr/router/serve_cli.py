@@ -45,7 +45,7 @@ from sr.errors import ConfigError, ConfigIssue, StartupFailed, UsageError
 from sr.logs import LOG_FORMATS, resolve_log_format
 from sr.models.limits import settle_input_limits
 from sr.pool import fork_start
-from sr.settings import Settings, read_process_settings
+from sr.settings import Settings, flag_variables, read_process_settings
 from sr.traces import TRACES_ENDPOINT_ENV, check_url, require_sdk, traces_url
 
 PROG = "sr serve"
@@ -111,12 +111,15 @@ def _apply_dtype(cfg: SrConfig, dtype: str) -> None:
     deployment.dtype = dtype
 
 
-def _with_traces(settings: Settings, endpoint: str | None) -> Settings:
+def _with_traces(settings: Settings, endpoint: str | None, *, process_env: bool) -> Settings:
     """`--otlp-endpoint` written into the settings' environment (so workers start with it
-    too); UsageError when traces are asked for and the SDK is not installed."""
+    too) and, when they are this process's (`process_env`), into it (a reload reads the
+    environment again); UsageError when traces are asked for and the SDK is missing."""
     if endpoint is not None:
         url = traces_url(check_url(endpoint.strip(), "--otlp-endpoint"))
         settings = Settings.from_environ({**settings.environ, TRACES_ENDPOINT_ENV: url})
+        if process_env:
+            flag_variables({TRACES_ENDPOINT_ENV: url})
     if settings.traces is not None:
         require_sdk()
     return settings
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         if args.host is not None and not args.host.strip():
             raise UsageError("argument --host: must not be empty")
         log_format = resolve_log_format(args.log_format, settings.environ, sys.stderr)
-        settings = _with_traces(settings, args.otlp_endpoint)
+        settings = _with_traces(settings, args.otlp_endpoint, process_env=env is None)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
 
