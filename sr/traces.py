@@ -13,7 +13,8 @@ Rules:
   one line naming it.
 - Spans leave in batches from the SDK's own thread (BatchSpanProcessor): a request only
   appends its ended spans to a bounded queue, so a collector that is down or hangs costs
-  dropped spans, never a slower or failed request. `Tracing.shutdown` waits a bounded time.
+  dropped spans, never a slower or failed request (nor a log line per dropped span: one a
+  minute says it). `Tracing.shutdown` waits a bounded time.
 - Where the SDK reads its own variables (OTEL_EXPORTER_OTLP_TRACES_HEADERS, _CERTIFICATE,
   _COMPRESSION, OTEL_RESOURCE_ATTRIBUTES, the batch processor's OTEL_BSP_*), it reads them
   itself, as the libraries under torch read theirs.
@@ -21,6 +22,9 @@ Rules:
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +52,9 @@ MISSING_EXTRA = "traces need the otel extra: pip install 'sr[otel]'"
 EXPORT_TIMEOUT_S = 5.0
 SHUTDOWN_TIMEOUT_S = 2.0  # how long a stopping process waits for its last spans to leave
 TRACEPARENT = "traceparent"
+# The SDK's batch processor logs through this logger (a dropped span, a failed export).
+_BATCH_PROCESSOR_LOGGER = "opentelemetry.sdk._shared_internal"
+DROP_LOG_MUTE_S = 60.0
 
 
 def traces_url(base: str) -> str:
@@ -112,16 +119,21 @@ def traceparent_of(span: Any) -> str:
 
 
 def parent_context(traceparent: str | None, tracestate: str | None = None) -> Any:
-    """The OpenTelemetry context a caller's `traceparent` (and `tracestate`) names; an
-    empty context (a new trace) when there is none or it is malformed, as the W3C rules ask."""
+    """The OpenTelemetry context a caller's `traceparent` (and `tracestate`) names; None
+    (a new trace) when there is none or it is malformed, as the W3C rules ask."""
+    if not traceparent:
+        return None
+    carrier = {TRACEPARENT: traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return _propagator().extract(carrier)
+
+
+@functools.cache
+def _propagator() -> Any:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    carrier = {}
-    if traceparent:
-        carrier[TRACEPARENT] = traceparent
-        if tracestate:
-            carrier["tracestate"] = tracestate
-    return TraceContextTextMapPropagator().extract(carrier)
+    return TraceContextTextMapPropagator()
 
 
 def require_sdk() -> None:
@@ -150,8 +162,6 @@ class Tracing:
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Send what is queued, waiting at most `timeout_s`: the SDK's own shutdown waits up
         to 30 s on a hung collector, so it runs on a daemon thread that is left behind."""
-        import threading
-
         stopping = threading.Thread(
             target=self._processor.shutdown, name="sr-traces-shutdown", daemon=True
         )
@@ -183,7 +193,33 @@ def open_tracing(
         OTLPSpanExporter(endpoint=settings.endpoint, timeout=EXPORT_TIMEOUT_S)
     )
     provider.add_span_processor(processor)
+    _quiet_drops()
     return Tracing(provider.get_tracer("sr", __version__), processor, service_name)
+
+
+class _MuteDropsForAMinute(logging.Filter):
+    """The batch processor warns on every span it drops while its queue is full (a
+    collector down or hung): a log record made for every span of every request. The first
+    one is logged; then the processor's logger is muted for a minute (its level, so that
+    no record is even made), and the next drop after that is logged again."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self._logger = logger
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Queue full"):
+            self._logger.setLevel(logging.ERROR)
+            unmute = threading.Timer(DROP_LOG_MUTE_S, self._logger.setLevel, (logging.NOTSET,))
+            unmute.daemon = True
+            unmute.start()
+        return True
+
+
+def _quiet_drops() -> None:
+    logger = logging.getLogger(_BATCH_PROCESSOR_LOGGER)
+    if not any(isinstance(f, _MuteDropsForAMinute) for f in logger.filters):
+        logger.addFilter(_MuteDropsForAMinute(logger))
 
 
 def _sampler(settings: TraceSettings) -> Any:

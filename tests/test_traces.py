@@ -85,3 +85,29 @@ def test_the_request_path_never_imports_opentelemetry_when_traces_are_off():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_a_full_queue_logs_one_drop_then_mutes_the_processors_logger():
+    """The SDK warns on every dropped span; sr logs the first and mutes the logger (no
+    record is even made) for a minute."""
+    import logging
+
+    from sr.traces import _BATCH_PROCESSOR_LOGGER, _quiet_drops
+
+    logger = logging.getLogger(_BATCH_PROCESSOR_LOGGER)
+    _quiet_drops()
+    _quiet_drops()  # once per logger, however many tracers a process opens
+    try:
+        assert len(logger.filters) == 1
+        seen: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+        logger.addHandler(handler)
+        logger.warning("Queue full, dropping %s.", "Span")
+        logger.warning("Queue full, dropping %s.", "Span")
+        assert seen == ["Queue full, dropping Span."]
+        assert not logger.isEnabledFor(logging.WARNING)
+    finally:
+        logger.removeHandler(handler)
+        logger.filters.clear()
+        logger.setLevel(logging.NOTSET)

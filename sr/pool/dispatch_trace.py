@@ -87,13 +87,21 @@ class DispatchTrace:
         names the replica chosen, or the refusal."""
         context = trace.set_span_in_context(self._dispatch) if self._dispatch else self._parent
         self._attempts += 1
-        with self._tracer.start_as_current_span(
+        span = self._tracer.start_span(
             "admission", context=context, attributes={"sr.attempt": self._attempts}
-        ) as span:
+        )
+        try:
             admitted = reserve()
+        except BaseException as error:
+            span.set_attribute("error.type", type(error).__name__)
+            span.set_status(trace.StatusCode.ERROR, str(error))
+            raise
+        else:
             replica = getattr(getattr(admitted, "record", None), "id", None)
             if replica is not None:
                 span.set_attribute("sr.replica", str(replica))
+        finally:
+            span.end()
         return admitted
 
     def hop(self, replica: str, path: str) -> Hop:

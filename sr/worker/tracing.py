@@ -52,7 +52,7 @@ class WorkerTracing:
     ) -> None:
         """The request's spans, from `timing` (perf_counter readings) and its answer."""
         parent = parent_context(traceparent)
-        if not trace.get_current_span(parent).get_span_context().is_valid:
+        if parent is None or not trace.get_current_span(parent).get_span_context().is_valid:
             return  # a malformed traceparent: nothing to join
         now = time.perf_counter()
         offset_ns = time.time_ns() - int(now * 1e9)  # perf_counter seconds -> epoch ns
