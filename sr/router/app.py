@@ -22,7 +22,8 @@ Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-I
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
 allowed origins; the access log (sr.logs.AccessLog, opt-in) gets one line once the
-answer is sent.
+answer is sent. With traces on (sr.router.tracing), a route that dispatches to a worker
+gets a server span, and the pool its spans under it; with them off, one None check.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ from sr.worker.timing import WorkerTiming
 
 if TYPE_CHECKING:
     from sr.pool.deployment import HangUpWatch, Reply
+    from sr.pool.dispatch_trace import DispatchTrace
+    from sr.router.tracing import RequestTrace, RouterTracing
 
 NATIVE_ROUTES = frozenset(
     {
@@ -128,6 +131,7 @@ class SupervisorLike(WorkerPoster, Protocol):
         timeout_s: float | None = None,
         request_id: str | None = None,
         watch: HangUpWatch | None = None,
+        trace: DispatchTrace | None = None,
     ) -> Reply: ...
     def inventory(self) -> Inventory: ...
     def is_ready(self) -> bool: ...
@@ -173,8 +177,10 @@ class RouterApp:
         body_timeout_s: float = BODY_READ_TIMEOUT_S,
         fault_injection: bool = False,  # SR_FAULT_INJECTION=1 (sr.settings)
         access_log: AccessLog | None = None,
+        tracing: RouterTracing | None = None,
     ):
         self.core = core
+        self.tracing = tracing  # None: traces off (sr.router.tracing)
         self.access_log = access_log or AccessLog(enabled=False)
         # OpenAI's model objects carry `created`: when this router started serving.
         self._created = int(time.time())
@@ -329,6 +335,8 @@ class RouterApp:
         started = time.perf_counter()
         deployment = ""
         outcome = "rejected"
+        trace = None if self.tracing is None else self.tracing.begin(
+            scope, route, request_id.current.get())  # fmt: skip
         try:
             content_length, timeout_value = request_headers(
                 scope, b"content-length", TIMEOUT_HEADER
@@ -354,7 +362,7 @@ class RouterApp:
                     return
             forward = front.forward(request, raw)
             reply = await self._dispatch(
-                scope, receive, deployment, request.route, forward, timeout_s
+                scope, receive, deployment, request.route, forward, timeout_s, trace
             )
             if reply is None:
                 outcome = "canceled"
@@ -382,6 +390,8 @@ class RouterApp:
             outcome = "canceled"
         finally:
             self.metrics.observe_request(deployment, route, outcome, time.perf_counter() - started)
+            if trace is not None:
+                trace.end(deployment, outcome, getattr(send, "status", 0))
 
     def _addressed(self, scope: dict[str, Any]) -> str | None:
         """The deployment the URL addresses (`/d/<name>/` or `?model=`), None when it names
@@ -457,15 +467,25 @@ class RouterApp:
         route: str,
         body: bytes,
         timeout_s: float | None,
+        trace: RequestTrace | None = None,
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
         None when it was. Under sr's server the hang-up is noticed by its poller (the
         `sr.hang_up` extension, sr.http.hang_up), which the pool points at the cancel scope
-        each attempt already has; elsewhere by a watcher task."""
+        each attempt already has; elsewhere by a watcher task. `trace`: the request's spans,
+        when traces are on (the pool adds its own under them)."""
         hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
         if hang_up is None:
-            return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
+            return await self._dispatch_own_nursery(
+                receive, deployment, route, body, timeout_s, trace
+            )
         try:
+            if trace is not None:
+                return await self.core.request_raw(
+                    deployment, route, body, timeout_s=timeout_s,
+                    request_id=request_id.current.get(), watch=hang_up["watch"],
+                    trace=trace.dispatch,
+                )  # fmt: skip
             return await self.core.request_raw(
                 deployment,
                 route,
@@ -478,7 +498,13 @@ class RouterApp:
             return None  # the caller hung up
 
     async def _dispatch_own_nursery(
-        self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
+        self,
+        receive: Receive,
+        deployment: str,
+        route: str,
+        body: bytes,
+        timeout_s: float | None,
+        trace: RequestTrace | None = None,
     ) -> Reply | None:
         """The same under an ASGI server without the extension (and the in-memory test
         client): a watcher task in a nursery of its own, waiting in `receive()`."""
@@ -487,13 +513,19 @@ class RouterApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                reply = await self.core.request_raw(
-                    deployment,
-                    route,
-                    body,
-                    timeout_s=timeout_s,
-                    request_id=request_id.current.get(),
-                )
+                if trace is None:
+                    reply = await self.core.request_raw(
+                        deployment,
+                        route,
+                        body,
+                        timeout_s=timeout_s,
+                        request_id=request_id.current.get(),
+                    )
+                else:
+                    reply = await self.core.request_raw(
+                        deployment, route, body, timeout_s=timeout_s,
+                        request_id=request_id.current.get(), trace=trace.dispatch,
+                    )  # fmt: skip
             except RequestError as error:  # raised here, not wrapped in the nursery's group
                 failure = error
             finally:

@@ -13,7 +13,8 @@ Rules, in one place:
   then an answer does not depend on its batch, so a cached answer is the computed answer.
 - A submission whose caller went away is dropped from batches not yet started.
 - A submission notes when its first forward started and how long its forwards took; the
-  caller's request timing (sr.worker.timing) gets them when `compute` returns.
+  caller's request timing (sr.worker.timing) gets them when `compute` returns. A traced
+  request's timing also gets each forward (its rows, padded tokens, requests sharing it).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class _Row:
 
 class _Submission:
     __slots__ = (
-        "abandoned", "done", "error", "first_forward", "forward_s", "kind", "remaining",
-        "results", "rows",
+        "abandoned", "done", "error", "first_forward", "forward_s", "forwards", "kind",
+        "remaining", "results", "rows",
     )  # fmt: skip
 
     def __init__(self, kind: str) -> None:
@@ -69,6 +70,8 @@ class _Submission:
         # of its rows started, and the seconds its forwards took (perf_counter clock).
         self.first_forward: float | None = None
         self.forward_s = 0.0
+        # A traced request's list of its forwards (sr.worker.timing), else None.
+        self.forwards: list[tuple[float, float, int, int, int]] | None = None
 
 
 class Engine:
@@ -138,6 +141,8 @@ class Engine:
         request_timing = timing.current()
         submitted = time.perf_counter() if request_timing is not None else 0.0
         if submission.rows:
+            if request_timing is not None:
+                submission.forwards = request_timing.forwards
             submission.results = [None] * len(submission.rows)
             submission.remaining = len(submission.rows)
             self._pending.append(submission)
@@ -216,6 +221,8 @@ class Engine:
             if submission.first_forward is None:
                 submission.first_forward = started
             submission.forward_s += seconds
+            if submission.forwards is not None:
+                submission.forwards.append((started, seconds, len(batch), padded, len(submissions)))
         if self._on_forward is not None:
             self._on_forward(len(batch), padded, len(submissions), seconds)
         for row, values in zip(batch, outputs, strict=True):

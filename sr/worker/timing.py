@@ -82,7 +82,8 @@ class RequestTiming:
     """One request's clock readings (time.perf_counter seconds) and token count."""
 
     __slots__ = (
-        "_reset", "characters", "inference_s", "queue_s", "reached_engine", "started", "tokens",
+        "_reset", "characters", "forwards", "inference_s", "queue_s", "reached_engine",
+        "started", "tokens",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -92,6 +93,9 @@ class RequestTiming:
         self.inference_s = 0.0
         self.tokens = 0
         self.characters = 0
+        # Only for a traced request (sr.worker.tracing): the engine appends each forward
+        # holding its rows, (started, seconds, rows, padded tokens, requests sharing it).
+        self.forwards: list[tuple[float, float, int, int, int]] | None = None
         self._reset: contextvars.Token[RequestTiming | None] | None = None
 
     def __enter__(self) -> RequestTiming:
