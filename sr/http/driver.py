@@ -3,13 +3,14 @@
 
 Per request cycle it reads bytes into the connection until a request head is complete (an
 idle connection is closed by the server's sweep once `keep_alive_timeout_s` has passed; a
-begun head must be complete within `head_timeout_s`, else 408), then hands the request to the server's handler (its body read
-by sr.http.body within `max_body_bytes` and `body_timeout_s`) or to its adapter, writes
-the answer the connection frames (within `write_timeout_s`, else the caller is dropped),
-and starts the next cycle if the connection's state allows. Refusals (400, 408, 413, 431,
-505) are written with the server's `error_answer`, then the connection lingers briefly and
-closes. A caller that hangs up while the handler runs is noticed by the server's
-sr.http.hang_up poller: the handler is cancelled and nothing is answered (PeerGone).
+begun head must be complete within `head_timeout_s`, else 408), then hands the request to
+the server's handler (its body read by sr.http.body within `max_body_bytes` and
+`body_timeout_s`) or to its adapter, writes the answer the connection frames (within
+`write_timeout_s`, else the caller is dropped), and starts the next cycle if the
+connection's state allows. Refusals (400, 408, 413, 431, 505) are written with the
+server's `error_answer`, then the connection lingers briefly and closes. A caller that
+hangs up while the handler runs is noticed by the server's sr.http.hang_up poller: the
+handler is cancelled and nothing is answered (PeerGone).
 
 While it waits for its caller (the first or next head, the rest of a head or of a body, a
 refused caller's last bytes) a connection notes since when it has made no progress

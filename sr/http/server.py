@@ -22,11 +22,11 @@ Only what the router, its workers and direct callers need is here (no HTTP/2, no
   the body is not complete in time);
 * every limit of sr.http.limits.HttpLimits: a head must arrive within `head_timeout_s` of
   its first byte (else 408), an idle kept-alive connection closes after
-  `keep_alive_timeout_s` (swept every eighth of it, at most a second apart), an answer the caller does not read within `write_timeout_s`
-  costs it the connection, and each listener holds at most `max_connections`: beyond it
-  the connection that has waited longest for its caller without progress is closed to
-  make room (`longest_waiting`), and only when every connection is being served does the
-  newcomer get 503;
+  `keep_alive_timeout_s` (swept every eighth of it, at most a second apart), an answer the
+  caller does not read within `write_timeout_s` costs it the connection, and each listener
+  holds at most `max_connections`: beyond it the connection that has waited longest for
+  its caller without progress is closed to make room (`longest_waiting`), and only when
+  every connection is being served does the newcomer get 503;
 * malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
   the connection closed; error bodies are the caller's (`error_answer`, by default sr's one
   error shape from sr.errors), and so is the answer when the handler fails (`crash_answer`);
