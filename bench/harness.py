@@ -107,11 +107,14 @@ class ServeProcess:
         pythonpath: str | None = None,
         kernel: str | None = None,
         engine: str | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ):
         """`pythonpath`: the tree whose `sr` serves (default this checkout's, as
         `_pythonpath`); bench_memory passes a baseline revision's tree. `kernel`: the
         deployment's `kernel` (None: left out, the host's probe picks). `engine`: the
-        deployment's `engine` (None: left out, torch)."""
+        deployment's `engine` (None: left out, torch). `args`, `env`: more `sr serve`
+        flags and environment variables."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / f"config-{self.port}.yaml"
@@ -124,9 +127,9 @@ class ServeProcess:
             + f"listeners:\n  - {{host: 127.0.0.1, port: {self.port}}}\n"
         )
         path = pythonpath or _pythonpath()
-        env = {**os.environ, "PYTHONPATH": path, "VLLM_SRUN_RESULT_CACHE": "0"}
+        env = {**os.environ, "PYTHONPATH": path, "VLLM_SRUN_RESULT_CACHE": "0", **(env or {})}
         argv = [sys.executable, "-m", "sr", "serve", "--config", str(config)]
-        argv += ["--port", str(self.port), "--threads", str(threads)]
+        argv += ["--port", str(self.port), "--threads", str(threads), *args]
         self.proc = subprocess.Popen(
             argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -12,9 +12,10 @@ Rules:
   fork server: sr.pool.fork_start.worker_env), and where the variables that a config names
   (`api_key_env`) and that sr passes on untouched (GPU visibility masks) are looked up.
   A reload takes a new snapshot: that is how a rotated worker key is adopted.
-- Only `replace_process_environment` and `default_process_variables` write `os.environ`:
-  a forked worker adopting its request's environment, and defaults that native libraries
-  read themselves (oneDNN's cache sizes).
+- Only `replace_process_environment`, `default_process_variables` and `flag_variables` write
+  `os.environ`: a forked worker adopting its request's environment, defaults that native
+  libraries read themselves (oneDNN's cache sizes), and variables a flag stands for
+  (`sr serve --otlp-endpoint`), so that a reload's new snapshot keeps them.
 
 The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md say more):
 
@@ -35,6 +36,10 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
   VLLM_SRUN_READY_TIMEOUT         how long startup waits for ready workers (90s, 10m, 1h)
   HF_HUB_CACHE, HF_HOME           where the Hugging Face hub cache is (sr.models.artifacts)
   HF_ENDPOINT, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE   Hub downloads (sr.models.download)
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT   traces on, sent there
+                                  (`sr serve --otlp-endpoint` sets the first; sr.traces)
+  OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_SDK_DISABLED
+                                  the traces' service name and sampler (sr.traces)
 Passed on to workers and read there by the libraries themselves: HF_TOKEN, GOMP_SPINCOUNT
 (sr sets 20000 unless given, 1000 with adaptive threads: sr.pool.fork_start), OMP_PROC_BIND and
 OMP_PLACES (OpenMP then binds the threads, and sr.worker.placement steps aside),
@@ -55,6 +60,7 @@ import attrs
 from sr.errors import UsageError
 from sr.logs import resolve_log_format
 from sr.thread_budget import adaptive_mode, thread_override
+from sr.traces import TraceSettings
 
 MODEL_DIR_ENV = "SR_MODEL_DIR"
 INVENTORY_API_KEY_ENV = "SR_API_KEY"
@@ -137,6 +143,7 @@ class Settings:
     fault_injection: bool
     inventory_api_key: str | None = attrs.field(repr=False)
     models: ModelSources
+    traces: TraceSettings | None = None  # None: traces off (sr.traces)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
@@ -154,6 +161,7 @@ class Settings:
             fault_injection=fault_injection_enabled(env),
             inventory_api_key=env.get(INVENTORY_API_KEY_ENV),
             models=ModelSources.from_environ(env),
+            traces=TraceSettings.from_environ(env),
         )
 
 
@@ -207,3 +215,9 @@ def default_process_variables(defaults: Mapping[str, str]) -> None:
     """Set variables that native libraries read themselves, unless the operator did."""
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
+
+
+def flag_variables(values: Mapping[str, str]) -> None:
+    """Variables a command-line flag stands for, over the environment's own: every later
+    snapshot (a reload's, the workers') has them."""
+    os.environ.update(values)

@@ -136,8 +136,11 @@ class ServeProcess:
         env: dict[str, str] | None = None,
         fault_injection: bool = False,
         headers: dict[str, str] | None = None,
+        args: list[str] | None = None,
     ):
+        """`args`: more `sr serve` flags."""
         self.workdir = workdir
+        self.args = list(args or [])
         self.config_path = workdir / "config.yaml"
         if config is not None:
             self.configure(config)
@@ -165,7 +168,7 @@ class ServeProcess:
         """Start and wait for /ready (one ready replica per deployment) and, unless
         `all_ready` is False, for every replica of every deployment."""
         argv = [sys.executable, "-m", "sr", "serve", "--config", str(self.config_path)]
-        argv += ["--port", str(self.port)]
+        argv += ["--port", str(self.port), *self.args]
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 argv, cwd=self.workdir, env=self.env, stdout=out, stderr=err

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sr.logs",
         "sr.request_id",
         "sr.settings",
+        "sr.traces",
         "sr.lru",
         "sr.error_answer",
         "sr.exposition",

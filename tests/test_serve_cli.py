@@ -33,7 +33,7 @@ def router(monkeypatch):
         write_config()  # as the router does once its listener is bound
         calls.append(
             {"config": config, "path": config_path, "host": host, "port": port, "t": threads,
-             "log_format": log_format, "access_log": access_log}
+             "log_format": log_format, "access_log": access_log, "settings": settings}
         )  # fmt: skip
         return 0
 
@@ -453,3 +453,65 @@ def test_a_folder_that_does_not_resolve_keeps_max_tokens_unset(tmp_path, router)
     path = tmp_path / "config.yaml"
     assert serve(path, "/no/such/model") == 0
     assert parse_config(path.read_text()).deployments["primary"].input.max_tokens is None
+
+
+def test_otlp_endpoint_turns_traces_on_for_router_and_workers(tmp_path, router):
+    path = tmp_path / "config.yaml"
+    assert serve(path, "--otlp-endpoint", "http://127.0.0.1:4318/") == 0
+    settings = router[0]["settings"]
+    assert settings.traces.endpoint == "http://127.0.0.1:4318/v1/traces"
+    # the workers start with the settings' environment: the same collector
+    assert settings.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == settings.traces.endpoint
+
+
+def test_traces_off_by_default(tmp_path, router):
+    assert serve(tmp_path / "config.yaml") == 0
+    assert router[0]["settings"].traces is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--otlp-endpoint", "collector:4318"], CPU_HOST,
+         "sr serve: error: --otlp-endpoint: expected an http:// or https:// URL, got "
+         "'collector:4318'"),
+        ([], {**CPU_HOST, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+              "OTEL_TRACES_SAMPLER": "sometimes"},
+         "sr serve: error: OTEL_TRACES_SAMPLER: must be one of always_on, always_off, "
+         "traceidratio, parentbased_always_on, parentbased_always_off, "
+         "parentbased_traceidratio, got 'sometimes'"),
+    ],
+)  # fmt: skip
+def test_bad_trace_settings_are_one_line(tmp_path, capsys, router, args, env, expected):
+    assert serve(tmp_path / "config.yaml", *args, env=env) == 2
+    assert one_error_line(capsys) == expected
+    assert router == []
+
+
+def test_traces_without_the_otel_extra_name_it(tmp_path, capsys, router, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.startswith("opentelemetry") else real(name, *a),
+    )
+    assert serve(tmp_path / "config.yaml", "--otlp-endpoint", "http://127.0.0.1:4318") == 2
+    assert one_error_line(capsys) == (
+        "sr serve: error: traces need the otel extra: pip install 'sr[otel]'"
+    )
+    assert router == []
+
+
+def test_otlp_endpoint_stays_in_the_environment_a_reload_reads(tmp_path, router, monkeypatch):
+    """A reload takes a new snapshot of the process's environment (sr.settings): the flag's
+    endpoint must be in it, or workers started by a reload would lose their traces."""
+    import os
+
+    monkeypatch.setenv("SR_GPU_INVENTORY", "")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "placeholder")  # restored after
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    argv = ["--otlp-endpoint", "http://127.0.0.1:4318", "--config", str(tmp_path / "c.yaml")]
+    assert serve_cli.main(argv) == 0
+    assert os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == "http://127.0.0.1:4318/v1/traces"

@@ -92,14 +92,15 @@ class Http1Pool:
         *,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """One exchange. `request_id` (visible ASCII, checked by the router's front end)
         travels as `x-request-id`, so the worker's log lines and errors carry it;
         `deployment` (a deployment name: config-checked) as `x-sr-deployment`
-        (sr.worker.served_as)."""
+        (sr.worker.served_as); `traceparent` (W3C trace context, made by sr) as itself."""
         if self._closed:
             raise ConnectFailed("client is closed")
-        wire = self._request_bytes(method, path, body, request_id, deployment)
+        wire = self._request_bytes(method, path, body, request_id, deployment, traceparent)
         conn, reused = await self._checkout()
         try:
             # sockio's calls are no cancel points: a dispatch cancelled by now (its caller
@@ -132,6 +133,7 @@ class Http1Pool:
         body: bytes,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> bytes:
         prefix = self._heads.get((method, path))
         if prefix is None:
@@ -147,6 +149,8 @@ class Http1Pool:
             prefix = b"%sx-request-id: %s\r\n" % (prefix, request_id.encode("ascii"))
         if deployment is not None:
             prefix = b"%sx-sr-deployment: %s\r\n" % (prefix, deployment.encode("ascii"))
+        if traceparent is not None:
+            prefix = b"%straceparent: %s\r\n" % (prefix, traceparent.encode("ascii"))
         if body:
             return b"%scontent-length: %d\r\ncontent-type: application/json\r\n\r\n%s" % (
                 prefix, len(body), body)  # fmt: skip

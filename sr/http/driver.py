@@ -2,14 +2,15 @@
 `sr.http.connection.ServerConnection`, for sr.http.server.
 
 Per request cycle it reads bytes into the connection until a request head is complete (an
-idle connection closes after `keep_alive_timeout_s`; a begun head must be complete within
-`head_timeout_s`, else 408), then hands the request to the server's handler (its body read
-by sr.http.body within `max_body_bytes` and `body_timeout_s`) or to its adapter, writes
-the answer the connection frames (within `write_timeout_s`, else the caller is dropped),
-and starts the next cycle if the connection's state allows. Refusals (400, 408, 413, 431,
-505) are written with the server's `error_answer`, then the connection lingers briefly and
-closes. A caller that hangs up while the handler runs is noticed by the server's
-sr.http.hang_up poller: the handler is cancelled and nothing is answered (PeerGone).
+idle connection is closed by the server's sweep once `keep_alive_timeout_s` has passed; a
+begun head must be complete within `head_timeout_s`, else 408), then hands the request to
+the server's handler (its body read by sr.http.body within `max_body_bytes` and
+`body_timeout_s`) or to its adapter, writes the answer the connection frames (within
+`write_timeout_s`, else the caller is dropped), and starts the next cycle if the
+connection's state allows. Refusals (400, 408, 413, 431, 505) are written with the
+server's `error_answer`, then the connection lingers briefly and closes. A caller that
+hangs up while the handler runs is noticed by the server's sr.http.hang_up poller: the
+handler is cancelled and nothing is answered (PeerGone).
 
 While it waits for its caller (the first or next head, the rest of a head or of a body, a
 refused caller's last bytes) a connection notes since when it has made no progress
@@ -103,7 +104,9 @@ class Connection:
         self.stream = stream
         self.hang_ups = server.hang_ups
         self.http = ServerConnection(self.limits.max_header_bytes, self.limits.max_body_bytes)
-        self._idle_scope: trio.CancelScope | None = None
+        # While it waits for a next request with no byte of it yet: when the server's
+        # sweep closes it (Connection._next_request says why not a cancel scope).
+        self.idle_until: float | None = None
         self._hang_up_scope = trio.CancelScope()  # Connection.serve's, for its whole life
         # While it waits for its caller: since when it has made no progress (module
         # docstring); None while its request is handled or answered. The connection cap
@@ -119,8 +122,8 @@ class Connection:
     def stop_if_idle(self) -> None:
         """Shutdown: a connection waiting for its next request, with no byte of it yet,
         closes now."""
-        if self._idle_scope is not None:
-            self._idle_scope.cancel()
+        if self.idle_until is not None:
+            self._close_idle()
 
     def reclaim(self, answer: Response) -> None:
         """Room needed at the connection cap, for a connection waiting for its caller: it
@@ -129,10 +132,10 @@ class Connection:
         answered `answer` (503) as far as the socket takes it at once, and its own task,
         waiting in a read, meets the closed socket (ClosedResourceError; for the ASGI app,
         `http.disconnect`)."""
-        self.waiting_since = None
-        if self._idle_scope is not None:
-            self._idle_scope.cancel()
+        if self.idle_until is not None:
+            self._close_idle()
             return
+        self.waiting_since = None
         if type(self.stream) is not trio.SocketStream:  # not one sr's listeners make
             self._hang_up_scope.cancel()
             return
@@ -177,34 +180,61 @@ class Connection:
     async def _next_request(self) -> RequestHead | None:
         """The next request head; None when the connection should just close (caller gone,
         idle too long, shutting down). Malformed, oversized and too slow heads are answered
-        here (400/505, 431, 408)."""
+        here (400/505, 431, 408).
+
+        While no byte of a head is here the connection is idle: it carries no cancel scope
+        of its own (one costs about 50,000 instructions a request), but notes `idle_until`,
+        and the server's sweep closes it once that has passed (`close_if_idle`), as at
+        shutdown or at the connection cap. A head's first byte starts the head's own time
+        limit, under a scope: only a head split across reads pays for one."""
         http = self.http
         now = trio.current_time()
-        waiting = trio.CancelScope(deadline=now + self.limits.keep_alive_timeout_s)
-        self._idle_scope = waiting
         self.waiting_since = now  # for the whole head: it must be in within head_timeout_s
-        event = None
+        self.idle_until = now + self.limits.keep_alive_timeout_s
         try:
-            with waiting:
-                while (event := http.next_event()) is NEED_DATA:
-                    if self._idle_scope is not None and http.head_begun():
-                        # A head's first byte is here: no longer idle, and the rest of
-                        # the head must follow within the head timeout.
-                        self._idle_scope = None
-                        waiting.deadline = trio.current_time() + self.limits.head_timeout_s
-                    await self.receive_more()
+            while (event := http.next_event()) is NEED_DATA:
+                if http.head_begun():
+                    self.idle_until = None  # no longer idle: the head's time limit holds
+                    event = await self._rest_of_head()
+                    break
+                await self.receive_more()
         except RequestError as error:  # malformed (400, 505) or too large (431)
             await self.refuse(error)
             return None
         finally:
-            self._idle_scope = self.waiting_since = None
-        if waiting.cancelled_caught and http.head_begun():
-            timeout = self.limits.head_timeout_s
-            await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
-            return None
+            self.idle_until = self.waiting_since = None
         if not isinstance(event, RequestHead):
-            return None  # idle timeout, shutdown, room at the cap, or the caller closed
+            return None  # shutdown, a 408 already answered, or the caller closed
         return event
+
+    async def _rest_of_head(self) -> object:
+        """The parser's next event once a head has begun, within `head_timeout_s` of now;
+        None after answering 408."""
+        timeout = self.limits.head_timeout_s
+        with trio.move_on_after(timeout):
+            while (event := self.http.next_event()) is NEED_DATA:
+                await self.receive_more()
+            return event
+        await self.refuse(HeadReadTimeout(f"request head not complete within {timeout:g}s"))
+        return None
+
+    def close_if_idle(self, now: float) -> bool:
+        """The server's sweep: an idle connection whose keep-alive time has passed closes
+        (True)."""
+        if self.idle_until is not None and self.idle_until <= now:
+            self._close_idle()
+            return True
+        return False
+
+    def _close_idle(self) -> None:
+        """Close a connection waiting for its next request, with no byte of it yet: its
+        socket is closed under its task's read, which meets ClosedResourceError (the
+        connection ends quietly); a stream that is not a socket ends by its scope."""
+        self.idle_until = self.waiting_since = None
+        if type(self.stream) is trio.SocketStream:
+            self.stream.socket.close()
+        else:
+            self._hang_up_scope.cancel()
 
     async def _answer(self, request: RequestHead) -> bool:
         """Read the body, call the handler (or the adapter), write the answer. False if the

@@ -22,11 +22,11 @@ Only what the router, its workers and direct callers need is here (no HTTP/2, no
   the body is not complete in time);
 * every limit of sr.http.limits.HttpLimits: a head must arrive within `head_timeout_s` of
   its first byte (else 408), an idle kept-alive connection closes after
-  `keep_alive_timeout_s`, an answer the caller does not read within `write_timeout_s`
-  costs it the connection, and each listener holds at most `max_connections`: beyond it
-  the connection that has waited longest for its caller without progress is closed to
-  make room (`longest_waiting`), and only when every connection is being served does the
-  newcomer get 503;
+  `keep_alive_timeout_s` (swept every eighth of it, at most a second apart), an answer the
+  caller does not read within `write_timeout_s` costs it the connection, and each listener
+  holds at most `max_connections`: beyond it the connection that has waited longest for
+  its caller without progress is closed to make room (`longest_waiting`), and only when
+  every connection is being served does the newcomer get 503;
 * malformed requests answered 400 (505 for an HTTP version other than 1.0 and 1.1) and
   the connection closed; error bodies are the caller's (`error_answer`, by default sr's one
   error shape from sr.errors), and so is the answer when the handler fails (`crash_answer`);
@@ -72,6 +72,7 @@ _log = logging.getLogger("sr.http")
 # accept() failures that mean "out of resources for now", not "listener broken".
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _DEFAULT_LIMITS = HttpLimits()
+_IDLE_SWEEP_MAX_S = 1.0  # the longest between two sweeps for idle connections
 # Descriptors kept out of the connection budget: worker sockets, pipes, logs, listeners.
 _RESERVED_FDS = 64
 
@@ -128,6 +129,7 @@ class H1Server:
         cap = connection_cap(self.limits.max_connections, len(listeners))
         async with trio.open_nursery() as poller:
             poller.start_soon(self.hang_ups.run)
+            poller.start_soon(self._close_idle_connections)
             async with trio.open_nursery() as lifespan:
                 lifespan_ended = trio.Event()
                 if self.adapter is not None:
@@ -135,6 +137,19 @@ class H1Server:
                 await self._serve_until(listeners, shutdown_trigger, cap, task_status)
                 lifespan_ended.set()  # the app's lifespan shutdown runs to its end
             poller.cancel_scope.cancel()
+
+    async def _close_idle_connections(self) -> None:
+        """The keep-alive timeout, for every connection at once: a sweep every eighth of
+        it (at most a second apart) closes the connections idle past it, so an idle
+        connection closes within an eighth of the timeout after it, and a request pays
+        no timer of its own (sr.http.driver.Connection._next_request)."""
+        interval = min(self.limits.keep_alive_timeout_s / 8, _IDLE_SWEEP_MAX_S)
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                if connection.close_if_idle(now):
+                    self._connections.discard(connection)  # counted out at once
 
     async def _serve_until(self, listeners, shutdown_trigger, cap: int, task_status) -> None:
         async with trio.open_nursery() as connections:

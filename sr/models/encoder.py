@@ -93,7 +93,7 @@ class EncoderModel:
         if self.head_task == TOKEN:
             self.head_activation = "softmax"  # per token, as the token-classification pipeline
         # The special tokens around every text, e.g. [CLS] ... [SEP] for BERT.
-        self._pair_tokenizers: dict[int, Tokenizer] = {}  # truncating copies, per limit
+        self._pair_tokenizers: dict[tuple[int, str], Tokenizer] = {}  # per limit, direction
         empty = tokenizer.encode("").ids
         self._prefix = empty[:1]
         self._suffix = empty[1:] if empty else []
@@ -158,6 +158,17 @@ class EncoderModel:
         keep = max_tokens - len(self._suffix)
         return ids[:keep] + self._suffix
 
+    def truncate_left(self, ids: list[int], max_tokens: int) -> list[int]:
+        """At most `max_tokens` ids keeping the text's end (TEI's truncation_direction
+        left): the opening special token(s), the last ids of the text, the closing one(s)."""
+        if len(ids) <= max_tokens:
+            return ids
+        if max_tokens < self._min_tokens:
+            raise ValueError(f"max_tokens must be at least {self._min_tokens}, got {max_tokens}")
+        head, tail = len(self._prefix), len(self._suffix)
+        end = len(ids) - tail
+        return ids[:head] + ids[end - (max_tokens - head - tail) : end] + ids[end:]
+
     def _pack(
         self, batch: list[list[int]], second_starts: list[int] | None = None
     ) -> tuple[torch.Tensor, Packed]:
@@ -210,6 +221,13 @@ class EncoderModel:
                 pooled_from,
             ).cpu()  # fmt: skip
 
+    def token_states(self, batch: list[list[int]]) -> torch.Tensor:
+        """float32 [T, H] on the CPU: the backbone's last hidden state of every token of the
+        batch, row after row, before pooling (TEI's /embed_all)."""
+        ids, packed = self._pack(batch)
+        with torch.inference_mode():
+            return self.backbone.hidden_states(ids, packed).float().cpu()
+
     def classify_logits(self, batch: list[list[int]]) -> torch.Tensor:
         """float32 [n, len(head_labels)] on the CPU from the checkpoint's own head."""
         if self.head_labels is None:
@@ -230,7 +248,11 @@ class EncoderModel:
             return self.backbone.token_logits(hidden, packed).float().cpu()
 
     def encode_pairs(
-        self, query: str, documents: list[str], truncate_to: int | None = None
+        self,
+        query: str,
+        documents: list[str],
+        truncate_to: int | None = None,
+        direction: str = "right",
     ) -> list[tuple[list[int], int]]:
         """(token ids, start of the second text) of each (query, document) pair, through
         the tokenizer's pair template (BERT: [CLS] q [SEP] d [SEP]; the second text starts
@@ -239,16 +261,37 @@ class EncoderModel:
         way sentence-transformers' CrossEncoder cuts them (longest text first).
 
         Raises ValueError naming the document index for a string that is not valid text."""
-        tokenizer = self.tokenizer if truncate_to is None else self._truncating(truncate_to)
         try:
-            encodings = tokenizer.encode_batch([(query, doc) for doc in documents])
-        except TypeError:
+            return self.encode_pair_list(
+                [(query, doc) for doc in documents], truncate_to, direction
+            )
+        except ValueError:
             for index, doc in enumerate([query, *documents]):
                 try:
                     doc.encode("utf-8")
                 except UnicodeEncodeError:
                     where = "query" if index == 0 else f"document {index - 1}"
                     raise ValueError(f"{where} is not valid Unicode text") from None
+            raise
+
+    def encode_pair_list(
+        self, pairs: list[tuple[str, str]], truncate_to: int | None = None, direction: str = "right"
+    ) -> list[tuple[list[int], int]]:
+        """(token ids, start of the second text) of each (text, text_pair), as
+        `encode_pairs` (a text-pair classifier's input). ValueError naming the pair index
+        for a text that is not valid Unicode."""
+        tokenizer = self.tokenizer
+        if truncate_to is not None:
+            tokenizer = self._truncating(truncate_to, direction)
+        try:
+            encodings = tokenizer.encode_batch(pairs)
+        except TypeError:
+            for index, pair in enumerate(pairs):
+                for text in pair:
+                    try:
+                        text.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise ValueError(f"pair {index} is not valid Unicode text") from None
             raise
         pairs = []
         for encoding in encodings:
@@ -257,14 +300,15 @@ class EncoderModel:
             pairs.append((ids, second))
         return pairs
 
-    def _truncating(self, max_tokens: int) -> Tokenizer:
-        """A copy of the tokenizer that cuts pairs to `max_tokens` ids, longest text first."""
-        cached = self._pair_tokenizers.get(max_tokens)
+    def _truncating(self, max_tokens: int, direction: str = "right") -> Tokenizer:
+        """A copy of the tokenizer that cuts pairs to `max_tokens` ids, longest text first,
+        from the end of a text (`right`) or its start (`left`)."""
+        cached = self._pair_tokenizers.get((max_tokens, direction))
         if cached is None:
             cached = Tokenizer.from_str(self.tokenizer.to_str())
             cached.no_padding()
-            cached.enable_truncation(max_tokens, strategy="longest_first")
-            self._pair_tokenizers[max_tokens] = cached
+            cached.enable_truncation(max_tokens, strategy="longest_first", direction=direction)
+            self._pair_tokenizers[(max_tokens, direction)] = cached
         return cached
 
     def rerank_logits(self, batch: list[list[int]], second_starts: list[int]) -> torch.Tensor:

@@ -17,7 +17,7 @@ import tempfile
 import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -34,7 +34,7 @@ from sr.events import EventSink
 from sr.http.private_folder import ensure_private_folder
 from sr.pool import worker_exchange
 from sr.pool.changes import StateChanges
-from sr.pool.deployment import DeploymentPool, Reply
+from sr.pool.deployment import DeploymentPool, HangUpWatch, Reply
 from sr.pool.discovery import DiscoveryGroup, DnsResolver, Resolver, group_key
 from sr.pool.identity import replica_identities
 from sr.pool.policy import DeploymentPolicy
@@ -47,6 +47,9 @@ from sr.pool.views import Inventory
 from sr.pool.worker_access import WorkerAccess, entry_accesses
 from sr.pool.worker_exchange import ReplicaScrape, WorkerAnswer
 from sr.settings import Settings, read_process_settings
+
+if TYPE_CHECKING:
+    from sr.pool.dispatch_trace import DispatchTrace
 
 DRAIN_TIMEOUT_S = 30.0
 
@@ -118,11 +121,16 @@ class Supervisor:
         *,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        watch: HangUpWatch | None = None,
+        trace: DispatchTrace | None = None,
     ) -> Reply:
+        """The deployment's answer (sr.pool.deployment.DeploymentPool.request_raw);
+        ClientDisconnected when `watch` saw the caller hang up first. `trace`: the
+        request's spans (sr.pool.dispatch_trace), only when traces are on."""
         pool = self.pools.get(deployment)
         if pool is None:
             raise ModelNotFound(f"deployment {deployment!r} does not exist")
-        return await pool.request_raw(path, body, timeout_s, request_id)
+        return await pool.request_raw(path, body, timeout_s, request_id, watch, trace)
 
     # -- views ----------------------------------------------------------------------
     def inventory(self) -> Inventory:

@@ -10,8 +10,9 @@
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
 A request carries the router's request id and the deployment it is served for (the
-worker's `model` check, sr.worker.served_as). Deadlines are not the transport's business:
-the caller's cancel scope bounds the exchange.
+worker's `model` check, sr.worker.served_as), and, only when traces are on, the W3C
+`traceparent` of the router's hop span (sr.pool.dispatch_trace). Deadlines are not the
+transport's business: the caller's cancel scope bounds the exchange.
 A transport raises a `sr.errors.TransportError` of the phase that failed (ConnectFailed,
 WriteFailed, ReadFailed) for anything that is not an HTTP answer: sr.http.client raises
 them itself, httpx's errors are translated here (`_phase_error`), and sr.pool.outcome maps
@@ -42,6 +43,7 @@ class Transport(Protocol):
         *,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -61,10 +63,12 @@ class HttpTransport:
         *,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         return await self._pool.request(
-            method, path, body, request_id=request_id, deployment=deployment
-        )
+            method, path, body, request_id=request_id, deployment=deployment,
+            traceparent=traceparent,
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -102,10 +106,13 @@ class HttpxTransport:
         *,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         headers = dict(JSON_HEADERS) if body else {}
         if request_id is not None:
             headers["x-request-id"] = request_id
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         if deployment is not None:
             headers["x-sr-deployment"] = deployment
         try:
@@ -164,10 +171,17 @@ class InProcessTransport:
         *,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        status, headers, payload = await self._service.handle(
-            method, path, body, request_id=request_id, deployment=deployment
-        )
+        if traceparent is None:
+            status, headers, payload = await self._service.handle(
+                method, path, body, request_id=request_id, deployment=deployment
+            )
+        else:
+            status, headers, payload = await self._service.handle(
+                method, path, body, request_id=request_id, deployment=deployment,
+                traceparent=traceparent,
+            )  # fmt: skip
         return status, _header_dict(headers), payload
 
     async def aclose(self) -> None:

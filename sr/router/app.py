@@ -13,13 +13,17 @@ the OpenAPI document) or the reload trigger.
 Routing is one table, path -> method -> handler (`_routes`, and `_prefix_routes` for
 `/v1/models/{model}`): a path it does not hold is 404, a method its path does not take is
 405 with `Allow` naming the ones it does; HEAD is taken wherever GET is. The fault route is
-in the table only when fault injection is on (sr.router.faults).
+in the table only when fault injection is on (sr.router.faults). Every route also answers
+under `/d/<deployment>/` for that deployment alone: the prefix is cut off before the table
+is read (one `startswith` per request) and kept in the scope, where the dispatching routes
+find it, as they find `?model=`: the address of clients that never send `model`.
 
 Around every request (`_http`): its id (sr.request_id: the caller's `X-Request-Id` or a
 new one) is current while it is answered and echoed on the answer; CORS (sr.router.cors,
 opt-in per listener) answers preflights before the API key check and marks answers to
 allowed origins; the access log (sr.logs.AccessLog, opt-in) gets one line once the
-answer is sent.
+answer is sent. With traces on (sr.router.tracing), a route that dispatches to a worker
+gets a server span, and the pool its spans under it; with them off, one None check.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
 
 import trio
 
@@ -63,7 +68,7 @@ from sr.http.asgi import (
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
 from sr.logs import AccessLog
 from sr.pool.views import Inventory, inventory_json, startup_status_json
-from sr.router import tei
+from sr.router import tei, tei_info
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
@@ -75,15 +80,25 @@ from sr.router.replica_metrics import REPLICA_SCRAPE_TIMEOUT_S
 from sr.worker.timing import WorkerTiming
 
 if TYPE_CHECKING:
-    from sr.pool.deployment import Reply
+    from sr.pool.deployment import HangUpWatch, Reply
+    from sr.pool.dispatch_trace import DispatchTrace
+    from sr.router.tracing import RequestTrace, RouterTracing
 
 NATIVE_ROUTES = frozenset(
     {
         "/v1/embeddings", "/v1/classify", "/v1/decisions", "/v1/rerank", "/v1/tokenize",
-        "/v1/sparse_embeddings",
+        "/v1/token_embeddings", "/v1/detokenize", "/v1/sparse_embeddings",
     }
 )  # fmt: skip
+# Other APIs' paths for a native route, the body and answer the same: Cohere's v2 rerank,
+# Infinity's embeddings.
+ALIAS_ROUTES = {"/v2/rerank": "/v1/rerank", "/embeddings": "/v1/embeddings"}
 MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
+# A deployment's own base URL: /d/<deployment>/<route> is <route> for that deployment, so a
+# client that never sends `model` (TEI's, Cohere's) can be pointed at one of several.
+DEPLOYMENT_PATH_PREFIX = "/d/"
+# The deployment the URL names (/d/<name>/), kept in the ASGI scope for the handlers.
+ADDRESSED_SCOPE_KEY = "sr.addressed"
 TIMEOUT_HEADER = b"x-request-timeout-ms"
 REPLICA_HEADER = b"x-sr-replica"
 OPENAPI_PATH = "/openapi.json"
@@ -115,6 +130,8 @@ class SupervisorLike(WorkerPoster, Protocol):
         *,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        watch: HangUpWatch | None = None,
+        trace: DispatchTrace | None = None,
     ) -> Reply: ...
     def inventory(self) -> Inventory: ...
     def is_ready(self) -> bool: ...
@@ -160,8 +177,10 @@ class RouterApp:
         body_timeout_s: float = BODY_READ_TIMEOUT_S,
         fault_injection: bool = False,  # SR_FAULT_INJECTION=1 (sr.settings)
         access_log: AccessLog | None = None,
+        tracing: RouterTracing | None = None,
     ):
         self.core = core
+        self.tracing = tracing  # None: traces off (sr.router.tracing)
         self.access_log = access_log or AccessLog(enabled=False)
         # OpenAI's model objects carry `created`: when this router started serving.
         self._created = int(time.time())
@@ -177,6 +196,7 @@ class RouterApp:
         self.apply_config(config)
         # POST routes that dispatch to a worker: sr's own and TEI's (sr.router.tei).
         fronts: list[Front] = [NativeFront(route) for route in sorted(NATIVE_ROUTES)]
+        fronts += [NativeFront(alias, native) for alias, native in sorted(ALIAS_ROUTES.items())]
         # TEI's root route reads the task of a body with `inputs` off the deployment's card.
         fronts += [tei.TeiFront(route, self._head_task) for route in sorted(tei.POST_ROUTES)]
         routes: list[tuple[str, dict[str, Handler]]] = [
@@ -188,9 +208,10 @@ class RouterApp:
             ("/api/v1/inventory/model-runtime", {"GET": self._inventory}),
             ("/metrics", {"GET": self._metrics}),
             (OPENAPI_PATH, {"GET": self._openapi}),
-            (tei.INFO_PATH, {"GET": self._tei_info}),
+            (tei_info.INFO_PATH, {"GET": self._tei_info}),
             ("/api/v1/reload", {"POST": self._reload_route}),
         ]
+        self._fault_injection = fault_injection
         if fault_injection:
             routes.append((FAULTS_PATH, {"POST": FaultRoute(core)}))
         self._routes = _route_table(routes)
@@ -250,7 +271,7 @@ class RouterApp:
                 self.access_log.record(
                     request_id=answer.request_id.decode(),
                     method=scope["method"],
-                    route=scope["path"],
+                    route=scope.get("root_path", "") + scope["path"],
                     deployment=scope.get(DEPLOYMENT_SCOPE_KEY),
                     replica=answer.replica,
                     status=answer.status,
@@ -268,6 +289,8 @@ class RouterApp:
         host: bytes | None,
     ) -> None:
         path = scope["path"]
+        if path.startswith(DEPLOYMENT_PATH_PREFIX):
+            path = _strip_deployment(scope, path)
         method = scope["method"]
         if origin is not None:
             if method == "OPTIONS" and self._cors.enabled:
@@ -312,6 +335,8 @@ class RouterApp:
         started = time.perf_counter()
         deployment = ""
         outcome = "rejected"
+        trace = None if self.tracing is None else self.tracing.begin(
+            scope, route, request_id.current.get())  # fmt: skip
         try:
             content_length, timeout_value = request_headers(
                 scope, b"content-length", TIMEOUT_HEADER
@@ -321,8 +346,9 @@ class RouterApp:
                 receive, content_length, self.max_body_bytes, self.body_timeout_s,
                 scope.get("extensions"),
             )  # fmt: skip
-            request = front.parse(raw)
-            deployment = self._deployment_for(request.model)
+            addressed = self._addressed(scope)
+            request = front.parse(raw, addressed)
+            deployment = self._deployment_for(request.model, addressed)
             scope[DEPLOYMENT_SCOPE_KEY] = deployment
             key = None
             if self.cache.enabled_for(deployment):
@@ -336,7 +362,7 @@ class RouterApp:
                     return
             forward = front.forward(request, raw)
             reply = await self._dispatch(
-                scope, receive, deployment, request.route, forward, timeout_s
+                scope, receive, deployment, request.route, forward, timeout_s, trace
             )
             if reply is None:
                 outcome = "canceled"
@@ -364,9 +390,37 @@ class RouterApp:
             outcome = "canceled"
         finally:
             self.metrics.observe_request(deployment, route, outcome, time.perf_counter() - started)
+            if trace is not None:
+                trace.end(deployment, outcome, getattr(send, "status", 0))
 
-    def _deployment_for(self, model: str | None) -> str:
-        """The deployment a request names, or (TEI bodies name none) the only one."""
+    def _addressed(self, scope: dict[str, Any]) -> str | None:
+        """The deployment the URL addresses (`/d/<name>/` or `?model=`), None when it names
+        none. Both given, they must name the same deployment."""
+        named = scope.get(ADDRESSED_SCOPE_KEY)
+        query = scope.get("query_string")
+        if not query and named is None:
+            return None  # the usual request: nothing to read
+        addressed = None if named is None else self.core.resolve(named)
+        queried = query_model(query) if query else None
+        if queried is not None:
+            deployment = self.core.resolve(queried)
+            if addressed is not None and deployment != addressed:
+                raise InvalidRequest(
+                    f"model: ?model={queried} names deployment {deployment!r}; the URL "
+                    f"addresses {addressed!r}"
+                )
+            addressed = deployment
+        return addressed
+
+    def _deployment_for(self, model: str | None, addressed: str | None = None) -> str:
+        """The deployment a request names: its body's `model`, the URL's (`addressed`), or
+        (TEI bodies name none) the only one. A body and a URL that disagree are refused."""
+        if addressed is not None:
+            if model is not None and self.core.resolve(model) != addressed:
+                raise InvalidRequest(
+                    f"model: {model!r} is not deployment {addressed!r}, which the URL addresses"
+                )
+            return addressed
         if model is not None:
             return self.core.resolve(model)
         if len(self._artifacts) == 1:
@@ -374,6 +428,7 @@ class RouterApp:
         raise InvalidRequest(
             "model: required when several deployments are served; name one of: "
             + ", ".join(sorted(self._artifacts))
+            + f" (in the body, as ?model=, or with the URL {DEPLOYMENT_PATH_PREFIX}<deployment>/)"
         )
 
     def _head_task(self, model: str | None) -> str | None:
@@ -387,15 +442,15 @@ class RouterApp:
         return card.get("head_task") if card else None
 
     async def _tei_info(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """GET /info: TEI's info object for the deployment (sr.router.tei.info)."""
+        """GET /info: TEI's info object for the deployment (sr.router.tei_info)."""
         try:
-            deployment = self._deployment_for(tei.info_model(scope.get("query_string", b"")))
+            deployment = self._deployment_for(None, self._addressed(scope))
             card = self.core.model_card(deployment)
             if card is None:
                 raise Unavailable(f"deployment {deployment!r} has no ready replica yet")
             entries = self._model_entries()
             ready = next((e["ready_replicas"] for e in entries if e["id"] == deployment), 0)
-            answer = tei.info(
+            answer = tei_info.info(
                 card, deployment=deployment, ready_replicas=ready, version=__version__
             )
         except RequestError as error:
@@ -412,30 +467,44 @@ class RouterApp:
         route: str,
         body: bytes,
         timeout_s: float | None,
+        trace: RequestTrace | None = None,
     ) -> Reply | None:
         """request_raw, cancelled if the caller hangs up first (the pool counts `canceled`);
         None when it was. Under sr's server the hang-up is noticed by its poller (the
-        `sr.hang_up` extension, sr.http.hang_up); elsewhere by a watcher task."""
+        `sr.hang_up` extension, sr.http.hang_up), which the pool points at the cancel scope
+        each attempt already has; elsewhere by a watcher task. `trace`: the request's spans,
+        when traces are on (the pool adds its own under them)."""
         hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
         if hang_up is None:
-            return await self._dispatch_own_nursery(receive, deployment, route, body, timeout_s)
-        request_scope = trio.CancelScope()
-        stop_watching = hang_up["watch"](request_scope)
+            return await self._dispatch_own_nursery(
+                receive, deployment, route, body, timeout_s, trace
+            )
         try:
-            with request_scope:
+            if trace is not None:
                 return await self.core.request_raw(
-                    deployment,
-                    route,
-                    body,
-                    timeout_s=timeout_s,
-                    request_id=request_id.current.get(),
-                )
-        finally:
-            stop_watching()
-        return None  # the scope was cancelled: the caller hung up
+                    deployment, route, body, timeout_s=timeout_s,
+                    request_id=request_id.current.get(), watch=hang_up["watch"],
+                    trace=trace.dispatch,
+                )  # fmt: skip
+            return await self.core.request_raw(
+                deployment,
+                route,
+                body,
+                timeout_s=timeout_s,
+                request_id=request_id.current.get(),
+                watch=hang_up["watch"],
+            )
+        except ClientDisconnected:
+            return None  # the caller hung up
 
     async def _dispatch_own_nursery(
-        self, receive: Receive, deployment: str, route: str, body: bytes, timeout_s: float | None
+        self,
+        receive: Receive,
+        deployment: str,
+        route: str,
+        body: bytes,
+        timeout_s: float | None,
+        trace: RequestTrace | None = None,
     ) -> Reply | None:
         """The same under an ASGI server without the extension (and the in-memory test
         client): a watcher task in a nursery of its own, waiting in `receive()`."""
@@ -444,13 +513,19 @@ class RouterApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                reply = await self.core.request_raw(
-                    deployment,
-                    route,
-                    body,
-                    timeout_s=timeout_s,
-                    request_id=request_id.current.get(),
-                )
+                if trace is None:
+                    reply = await self.core.request_raw(
+                        deployment,
+                        route,
+                        body,
+                        timeout_s=timeout_s,
+                        request_id=request_id.current.get(),
+                    )
+                else:
+                    reply = await self.core.request_raw(
+                        deployment, route, body, timeout_s=timeout_s,
+                        request_id=request_id.current.get(), trace=trace.dispatch,
+                    )  # fmt: skip
             except RequestError as error:  # raised here, not wrapped in the nursery's group
                 failure = error
             finally:
@@ -472,7 +547,10 @@ class RouterApp:
         await send_json(send, 200, startup_status_json(self.core.inventory()))
 
     async def _inventory(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_json(send, 200, inventory_json(self.core.inventory()))
+        data = inventory_json(self.core.inventory())
+        for name, deployment in data["deployments"].items():
+            deployment["base_path"] = deployment_base_path(name)  # for a model-less client
+        await send_json(send, 200, data)
 
     async def _metrics(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         scrapes = await self.core.replica_metrics(REPLICA_SCRAPE_TIMEOUT_S)
@@ -480,7 +558,7 @@ class RouterApp:
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_response(send, 200, _openapi_json())
+        await send_response(send, 200, _openapi_json(self._auth.enabled, self._fault_injection))
 
     async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
         """A CORS preflight: 204 with what the origin may send, or 403 naming it."""
@@ -530,6 +608,7 @@ class RouterApp:
                 "replicas": deployment.desired_replicas,
                 "ready_replicas": deployment.ready_replicas,
                 "ready": bool(deployment.ready_replicas),
+                "base_path": deployment_base_path(name),
             }
             card = self.core.model_card(name) or {}
             # A LoRA adapter deployment names its adapter and base (a ready worker's card).
@@ -582,12 +661,22 @@ class _Answer:
 
 
 @functools.cache
-def _openapi_json() -> bytes:
-    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, read once."""
+def _openapi_json(api_keys: bool, fault_injection: bool) -> bytes:
+    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, true to this router:
+    bearer security declared only when the listener has API keys, the fault route listed
+    only when fault injection is on. Built once per combination."""
     import yaml
 
     text = resources.files("sr.router").joinpath("openapi.yaml").read_text(encoding="utf-8")
-    return json.dumps(yaml.safe_load(text), separators=(",", ":")).encode()
+    document = yaml.safe_load(text)
+    if not api_keys:
+        document.pop("security", None)
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation.pop("security", None)
+    if not fault_injection:
+        del document["paths"][FAULTS_PATH]
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
@@ -596,6 +685,34 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
         if message["type"] == "http.disconnect":
             scope.cancel()
             return
+
+
+def deployment_base_path(deployment: str) -> str:
+    """The path under which every route answers for `deployment` alone."""
+    return f"{DEPLOYMENT_PATH_PREFIX}{deployment}/"
+
+
+def _strip_deployment(scope: dict[str, Any], path: str) -> str:
+    """`/d/<name>/<route>` -> `/<route>`, `<name>` kept in the scope (resolved, and refused
+    when unknown, by the handler that dispatches, in its API's error shape)."""
+    name, _, rest = path[len(DEPLOYMENT_PATH_PREFIX) :].partition("/")
+    scope[ADDRESSED_SCOPE_KEY] = name
+    # As a mounted ASGI app sees it: the handlers read the route's own path.
+    scope["root_path"] = scope.get("root_path", "") + DEPLOYMENT_PATH_PREFIX + name
+    scope["path"] = "/" + rest
+    return scope["path"]
+
+
+def query_model(query_string: bytes) -> str | None:
+    """`?model=` of a request (a body's `model` for a client that sends none), or None."""
+    values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("model")
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidRequest("model: give the query parameter once")
+    if not values[0]:
+        raise InvalidRequest("model: the query parameter must not be empty")
+    return values[0]
 
 
 def _route_table(routes: list[tuple[str, dict[str, Handler]]]) -> dict[str, dict[str, Handler]]:

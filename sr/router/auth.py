@@ -17,6 +17,11 @@ class ApiKeyCheck:
     def __init__(self, api_keys: list[str]):
         self._keys = [key.encode() for key in api_keys]
 
+    @property
+    def enabled(self) -> bool:
+        """Whether any key is configured (else every route is open)."""
+        return bool(self._keys)
+
     def allows(self, path: str, authorization: bytes | None) -> bool:
         """True if the request may proceed: open path, no keys configured, or a valid key."""
         if not self._keys or path in OPEN_PATHS:

@@ -4,8 +4,9 @@ sr.router.app `_native` reads the body, resolves the deployment, consults the ca
 dispatches with the caller's deadline and hang-up, observes metrics and answers. What
 differs between API families is only at the edges, and a front holds exactly that:
 
-- `parse(raw)`: the body as a routed request: the worker route, the native body, and the
-  `model` named (None: the router's only deployment);
+- `parse(raw, addressed)`: the body as a routed request: the worker route, the native body,
+  and the `model` named (None: the deployment the URL addresses, `addressed`, else the
+  router's only one);
 - `forward(request, raw)`: the bytes the worker gets;
 - `answer(request, payload)`: a worker's 2xx answer as this family answers;
 - `worker_error(request, status, payload)`: a worker's non-2xx answer in this family's shape;
@@ -42,7 +43,7 @@ class Front(Protocol):
     @property
     def route(self) -> str: ...  # the path the caller used (the metrics label)
 
-    def parse(self, raw: bytes) -> Routed: ...
+    def parse(self, raw: bytes, addressed: str | None = None) -> Routed: ...
     def forward(self, request: Any, raw: bytes) -> bytes: ...
     def answer(self, request: Any, payload: bytes) -> bytes: ...
     def worker_error(self, request: Any, status: int, payload: bytes) -> tuple[int, bytes]: ...
@@ -54,24 +55,28 @@ class Front(Protocol):
 class NativeRequest:
     route: str
     body: dict[str, Any]
-    model: str
+    model: str | None
 
 
 @attrs.frozen
 class NativeFront:
-    """The native routes: `model` is required; the caller's bytes go to the worker and its
-    answer comes back as they are, errors too (the shape is already sr's)."""
+    """The native routes: `model` is required unless the URL addresses a deployment; the
+    caller's bytes go to the worker and its answer comes back as they are, errors too (the
+    shape is already sr's)."""
 
     route: str
+    worker_route: str = ""  # the worker's route when it differs (an alias such as /embeddings)
 
-    def parse(self, raw: bytes) -> NativeRequest:
+    def parse(self, raw: bytes, addressed: str | None = None) -> NativeRequest:
         body = parse_json_object(raw)  # parsed once, to find the deployment and cache key
         model = body.get("model")
         if model is None:
+            if addressed is not None:
+                return NativeRequest(self.worker_route or self.route, body, None)
             raise InvalidRequest("model: field is required")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model: must be a non-empty string")
-        return NativeRequest(self.route, body, model)
+        return NativeRequest(self.worker_route or self.route, body, model)
 
     def forward(self, request: NativeRequest, raw: bytes) -> bytes:
         return raw

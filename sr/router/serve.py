@@ -110,6 +110,11 @@ async def serve(
     events.subscribe(cache.on_event)
     if open_router is None:
         from sr.pool import open_router
+    tracing = None
+    if settings.traces is not None:  # sr.router.tracing: imported only with traces on
+        from sr.router.tracing import RouterTracing
+
+        tracing = RouterTracing.open(settings.traces)
     listeners, binds = await _bind(host, port)  # before any worker starts
     try:
         if on_bound is not None:
@@ -128,7 +133,7 @@ async def serve(
                 core, config, metrics=metrics, cache=cache,
                 max_body_bytes=ROUTER_HTTP_LIMITS.max_body_bytes,
                 body_timeout_s=ROUTER_HTTP_LIMITS.body_timeout_s, access_log=access_log,
-                fault_injection=settings.fault_injection,
+                fault_injection=settings.fault_injection, tracing=tracing,
             )  # fmt: skip
             reloader = None
             if config_path is not None:
@@ -161,6 +166,8 @@ async def serve(
         with trio.CancelScope(shield=True):
             for listener in listeners:  # closed already if the server ran; idempotent
                 await listener.aclose()
+            if tracing is not None:  # bounded (sr.traces): a hung collector cannot hold us
+                await trio.to_thread.run_sync(tracing.shutdown)
 
 
 async def _bind(host: str, port: int) -> tuple[list[trio.abc.Listener], list[str]]:

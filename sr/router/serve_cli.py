@@ -3,7 +3,7 @@
     sr serve [MODEL] [-e|--engine] [--platform auto|cpu|cuda|rocm] [-dp N]
              [--device-ids IDS] [--config FILE] [--host H] [--port P] [--threads N]
              [--dtype float32|bfloat16|float16] [--dry-run] [--download]
-             [--log-format text|json] [--access-log]
+             [--log-format text|json] [--access-log] [--otlp-endpoint URL]
 
 The config file is the only state: flags are applied to it (creating the default config
 when the file is missing; `--host`/`--port` land on its first listener), the result is
@@ -22,7 +22,11 @@ the file left as it was. Without it sr never downloads. `--dry-run` downloads no
 
 `--log-format` is the one log setting (default: SR_LOG_FORMAT, else text when stderr is a
 terminal, json otherwise; sr.logs); `--access-log` adds one log line per request.
-Neither is written to the config: they are about this process, not about what it serves.
+`--otlp-endpoint URL` turns traces on (sr.traces): spans go to the OTLP/HTTP collector at
+URL (`/v1/traces` appended unless it ends so), as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, which the
+flag sets in the environment the workers start with; without the `otel` extra installed,
+asking for traces is a usage error naming it.
+None of these is written to the config: they are about this process, not about what it serves.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from sr.errors import ConfigError, ConfigIssue, StartupFailed, UsageError
 from sr.logs import LOG_FORMATS, resolve_log_format
 from sr.models.limits import settle_input_limits
 from sr.pool import fork_start
-from sr.settings import Settings, read_process_settings
+from sr.settings import Settings, flag_variables, read_process_settings
+from sr.traces import TRACES_ENDPOINT_ENV, check_url, require_sdk, traces_url
 
 PROG = "sr serve"
 
@@ -78,6 +83,11 @@ def _parser() -> OneLineArgumentParser:
         help="stderr log lines (default: SR_LOG_FORMAT, else text on a terminal, json otherwise)",
     )
     p.add_argument("--access-log", action="store_true", help="log one line per request")
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send traces to this OTLP/HTTP collector (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
     return p
 
 
@@ -101,6 +111,20 @@ def _apply_dtype(cfg: SrConfig, dtype: str) -> None:
     deployment.dtype = dtype
 
 
+def _with_traces(settings: Settings, endpoint: str | None, *, process_env: bool) -> Settings:
+    """`--otlp-endpoint` written into the settings' environment (so workers start with it
+    too) and, when they are this process's (`process_env`), into it (a reload reads the
+    environment again); UsageError when traces are asked for and the SDK is missing."""
+    if endpoint is not None:
+        url = traces_url(check_url(endpoint.strip(), "--otlp-endpoint"))
+        settings = Settings.from_environ({**settings.environ, TRACES_ENDPOINT_ENV: url})
+        if process_env:
+            flag_variables({TRACES_ENDPOINT_ENV: url})
+    if settings.traces is not None:
+        require_sdk()
+    return settings
+
+
 def _would_not_validate(issues: list[ConfigIssue]) -> UsageError:
     return UsageError(f"the result would not validate: {'; '.join(map(str, issues))}")
 
@@ -113,6 +137,7 @@ def main(argv: list[str] | None = None, *, env: Mapping[str, str] | None = None)
         if args.host is not None and not args.host.strip():
             raise UsageError("argument --host: must not be empty")
         log_format = resolve_log_format(args.log_format, settings.environ, sys.stderr)
+        settings = _with_traces(settings, args.otlp_endpoint, process_env=env is None)
     except UsageError as exc:
         return report_usage_error(PROG, exc)
 

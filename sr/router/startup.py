@@ -7,6 +7,9 @@ which a terminal shows beside it, carries only what a person or a script waits f
     sr: serving on http://127.0.0.1:8899: 1/2 replicas of primary ready
     sr: all replicas ready (2/2)
 
+With several deployments, the serving line is followed by each deployment's own base URL
+(`/d/<deployment>/`), where clients that send no `model` are pointed.
+
 The serving line comes once every deployment has a ready replica (what /ready means) and
 counts the ready replicas of each; the all-ready line comes once, as soon as every replica
 of every deployment is ready: right after the serving line after a full start, later
@@ -20,6 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
+
+from sr.router.app import deployment_base_path
 
 if TYPE_CHECKING:
     from sr.pool.views import Inventory
@@ -66,7 +71,11 @@ class StartupProgress:
     def ready(self, url: str, counts: Callable[[], list[ReplicaCount]]) -> None:
         """The router is ready; `counts` reads the live replica counts from now on."""
         self._counts = counts
-        self._print(serving_line(url, counts()))
+        now = counts()
+        self._print(serving_line(url, now))
+        if len(now) > 1:  # clients that send no `model` (TEI's, Cohere's) need one of these
+            urls = ", ".join(url + deployment_base_path(c.deployment) for c in now)
+            self._print(f"sr: each deployment's own base URL: {urls}")
         self._check_all_ready()
 
     def on_event(self, event: str, fields: dict[str, Any]) -> None:

@@ -5,43 +5,52 @@ body), the worker's native answer becomes TEI's answer, and errors take TEI's sh
 router sends them through the same path as its native routes (sr.router.app `_native`:
 deployment, cache, deadline header, hang-up cancel, replica header, metrics).
 
-    POST /embed     -> /v1/embeddings   [[float, ...], ...]: always a list of vectors
+    POST /embed       -> /v1/embeddings   [[float, ...], ...]: always a list of vectors
     POST /embed_sparse -> /v1/sparse_embeddings  [[{index, value}, ...], ...]: a sparse
-                       encoder's non-zero entries per input, indices ascending
-    POST /rerank    -> /v1/rerank       [{index, score, text?}, ...], highest score first
-    POST /tokenize  -> /v1/tokenize     [[{id, text, special, start, stop}, ...], ...]
-    POST /          -> /embed for a body with `inputs`, /rerank for `query` and `texts`;
-                       on a token-classification deployment (its card's `head_task`),
-                       Hugging Face's token-classification task: `{inputs, parameters?}`
-                       -> /v1/classify, answered [{entity_group, score, word, start, end}]
-                       (a list of such lists for a list of inputs)
-    GET  /info      -> TEI's info object, from a ready replica's worker card (`info`)
+                         encoder's non-zero entries per input, indices ascending
+    POST /rerank      -> /v1/rerank       TEI's body (`query`, `texts`): [{index, score,
+                         text?}, ...], highest score first; Cohere's, Jina's, vLLM's and
+                         Infinity's body (`query`, `documents`): the native answer
+                         ({results: [{index, relevance_score, document?}], usage})
+    POST /tokenize    -> /v1/tokenize     [[{id, text, special, start, stop}, ...], ...]
+    POST /embed_all   -> /v1/token_embeddings  [[[float, ...] per token] per input]: the
+                         last hidden states, special tokens included, before pooling
+    POST /decode      -> /v1/detokenize   [text, ...]: `ids` (one list or several) back to
+                         text, special tokens skipped unless skip_special_tokens is false
+    POST /similarity, /predict           sr.router.tei_tasks
+    POST /            -> by the body: `inputs` {source_sentence, sentences} is /similarity;
+                         other `inputs` are /embed, or on a deployment with a head (its
+                         card's `head_task`) Hugging Face's text- or token-classification
+                         task (sr.router.tei_tasks); `query` with `texts` is /rerank
+    GET  /info        -> TEI's info object (sr.router.tei_info)
 
 Rules:
-- Which deployment: the body's `model` (an sr extension; for GET /info `?model=`), resolved
-  like a native `model`; without one, the config's only deployment; with several, 422.
+- Which deployment: the body's `model` (an sr extension), else the URL's (`/d/<name>/`,
+  `?model=`), resolved like a native `model`; without either, the config's only deployment;
+  with several, 422.
 - TEI's defaults: normalize true, truncation_direction right, raw_scores and return_text
   false, add_special_tokens true. `truncate` absent or null leaves the deployment's
   `input.overflow` in force (TEI's `auto_truncate`, which /info reports).
+  `truncation_direction: left` keeps a text's end (the native field of the same name).
 - `normalize: false` is the vector before the checkpoint's Normalize module, as the model
   computes it (the native `normalize` field); `dimensions` keeps the first values, then
   normalises when asked (TEI's order).
 - Token-id inputs are whole rows as TEI takes them (special tokens included, as /tokenize
   gives them): forwarded with the native `add_special_tokens: false`.
-- `prompt_name` on /embed and /embed_sparse is the native one (sr.worker.prompting): the
-  folder's prompt before each text, as sentence-transformers' encode(prompt_name=...).
-- Refused with 422, naming the field: truncation_direction `left` (sr cuts from the right),
-  a `prompt_name` on /tokenize, a batch mixing texts and token ids, and unknown fields (TEI
-  ignores them; a misspelt `normalise` must not silently serve the default).
+- `top_n` on TEI's /rerank body (litellm's huggingface provider sends it) keeps the best n.
+- `prompt_name` on /embed, /embed_sparse, /embed_all and /similarity (`parameters`) is the
+  native one (sr.worker.prompting): the folder's prompt before each text, as
+  sentence-transformers' encode(prompt_name=...).
+- Refused with 422, naming the field: a `prompt_name` on /tokenize (sr.router.tei_fields
+  `refuse_prompt`), a batch mixing texts and token ids, and unknown fields (TEI ignores
+  them; a misspelt `normalise` must not silently serve the default).
 - /tokenize offsets are UTF-8 byte offsets into the input, as TEI's (Rust tokenizers) are;
   the worker answers code-point offsets and they are converted here. Token-classification
   offsets stay code points, as transformers' pipeline and the Inference API give them.
-- The token-classification `parameters` are the task's: `aggregation_strategy` and
-  `ignore_labels` (the native fields); `stride` is refused unless null (sr does not
-  split a text into overlapping windows: a long text follows `input.overflow`).
 - Errors: `{"error": message, "error_type": TEI's type, "code": sr's code}` (plus
   `request_id`), with TEI's statuses: an empty batch or text 400 Empty; other validation
-  422 Validation, 413 when inputs are too many or too large; overloaded 429 Overloaded
+  422 Validation, 413 when inputs are too many or too large, or an input is over
+  input.max_tokens and may not be cut (`truncate: false`); overloaded 429 Overloaded
   (Retry-After kept); no ready replica 503 Unhealthy; a worker failure 424 Backend; the
   deadline 504 Backend. A worker's own error names the native field (`input[2]`); it is
   renamed to TEI's (`inputs[2]`).
@@ -53,32 +62,51 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs
 
 import attrs
 
 from sr.error_answer import read_error_answer
 from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
-from sr.pool.policy import MAX_INFLIGHT
 from sr.request_id import current as current_request_id
+from sr.router import tei_tasks
+from sr.router.tei_fields import (
+    check_fields,
+    flag,
+    is_int,
+    prompt,
+    refuse_prompt,
+    text,
+    texts,
+    truncation,
+)
+from sr.router.tei_info import INFO_PATH as INFO_PATH
+from sr.router.tei_tasks import (
+    PREDICT,
+    SIMILARITY,
+    TEXT_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+)
 from sr.worker.timing import WorkerTiming
-from sr.worker.validation import MAX_INPUTS
+from sr.worker.validation import TOO_MANY_TOKENS
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
-EMBED_SPARSE = "/embed_sparse"
-POST_ROUTES = frozenset({EMBED, RERANK, TOKENIZE, ROOT, EMBED_SPARSE})
-INFO_PATH = "/info"
-# Hugging Face's token-classification task, reached through the root route only.
-TOKEN_CLASSIFICATION = "token-classification"
-_TOKEN_PARAMETERS = frozenset({"aggregation_strategy", "ignore_labels", "stride"})
+EMBED_ALL, DECODE, EMBED_SPARSE = "/embed_all", "/decode", "/embed_sparse"
+POST_ROUTES = frozenset(
+    {EMBED, RERANK, TOKENIZE, ROOT, SIMILARITY, PREDICT, EMBED_ALL, DECODE, EMBED_SPARSE}
+)
+# /rerank with Cohere's, Jina's, vLLM's or Infinity's body: the native /v1/rerank body.
+PEER_RERANK = "peer-rerank"
 
 _NATIVE_ROUTE = {
     EMBED: "/v1/embeddings",
     EMBED_SPARSE: "/v1/sparse_embeddings",
     RERANK: "/v1/rerank",
+    PEER_RERANK: "/v1/rerank",
     TOKENIZE: "/v1/tokenize",
-    TOKEN_CLASSIFICATION: "/v1/classify",
+    EMBED_ALL: "/v1/token_embeddings",
+    DECODE: "/v1/detokenize",
+    **tei_tasks.NATIVE_ROUTE,
 }
 _FIELDS = {
     EMBED: frozenset(
@@ -88,19 +116,27 @@ _FIELDS = {
         }
     ),
     RERANK: frozenset(
-        {"query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text", "model"}
+        {
+            "query", "texts", "truncate", "truncation_direction", "raw_scores", "return_text",
+            "top_n", "model",
+        }
     ),
     TOKENIZE: frozenset({"inputs", "add_special_tokens", "prompt_name", "model"}),
-    EMBED_SPARSE: frozenset(
-        {"inputs", "truncate", "truncation_direction", "prompt_name", "model"}
-    ),
-    TOKEN_CLASSIFICATION: frozenset({"inputs", "parameters", "model"}),
+    EMBED_ALL: frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"}),
+    EMBED_SPARSE: frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"}),
+    DECODE: frozenset({"ids", "skip_special_tokens", "model"}),
+    **tei_tasks.FIELDS,
 }  # fmt: skip
 _REQUIRED = {
     EMBED: ("inputs",),
     EMBED_SPARSE: ("inputs",),
     RERANK: ("query", "texts"),
     TOKENIZE: ("inputs",),
+    EMBED_ALL: ("inputs",),
+    DECODE: ("ids",),
+    SIMILARITY: ("inputs",),
+    PREDICT: ("inputs",),
+    TEXT_CLASSIFICATION: ("inputs",),
     TOKEN_CLASSIFICATION: ("inputs",),
 }
 # A worker's message starts with the native field; TEI's caller knows it by TEI's name.
@@ -109,6 +145,7 @@ _TEI_FIELD = {
     "/v1/sparse_embeddings": {"input": "inputs"},
     "/v1/rerank": {"documents": "texts", "return_documents": "return_text"},
     "/v1/tokenize": {"input": "inputs"},
+    "/v1/token_embeddings": {"input": "inputs"},
     "/v1/classify": {
         "input": "inputs",
         "aggregation_strategy": "parameters.aggregation_strategy",
@@ -128,17 +165,19 @@ _BY_CODE = {
     "internal_error": (424, "Backend"),
     "timeout": (504, "Backend"),
 }
-_POOLING_NAMES = {"lasttoken": "last_token"}  # TEI's spelling of sentence-transformers' modes
 
 
 @attrs.frozen
 class TeiRequest:
     """A TEI request as the native dispatch takes it: the worker route, the native body
-    (with `model` when one is named) and the `model` named, if any."""
+    (with `model` when one is named), the `model` named, if any, the task it was read as
+    and the caller's body (the task shapes some answers by it)."""
 
     route: str
     body: dict[str, Any]
     model: str | None
+    task: str = EMBED
+    caller: dict[str, Any] = attrs.field(factory=dict, eq=False)
 
 
 # The head a deployment's model serves, by the body's `model` (None: the only deployment):
@@ -150,11 +189,11 @@ HeadTaskOf = Callable[[str | None], str | None]
 class TeiFront:
     """The TEI routes' side of sr.router.app's dispatch (see sr.router.front.Front)."""
 
-    route: str  # the path called: /embed, /rerank, /tokenize or /
+    route: str  # the path called: /embed, /rerank, /tokenize, /similarity, /predict or /
     head_task: HeadTaskOf | None = None  # the root route reads the task off the deployment
 
-    def parse(self, raw: bytes) -> TeiRequest:
-        return parse_request(self.route, raw, self.head_task)
+    def parse(self, raw: bytes, addressed: str | None = None) -> TeiRequest:
+        return parse_request(self.route, raw, self.head_task, addressed)
 
     def forward(self, request: TeiRequest, raw: bytes) -> bytes:
         return dump_json(request.body)  # a body the router built: dumped once
@@ -173,67 +212,58 @@ class TeiFront:
 
 
 # -- requests ------------------------------------------------------------------------------
-def parse_request(path: str, raw: bytes, head_task: HeadTaskOf | None = None) -> TeiRequest:
+def parse_request(
+    path: str, raw: bytes, head_task: HeadTaskOf | None = None, addressed: str | None = None
+) -> TeiRequest:
     """A TEI body for `path` as a native request; InvalidRequest (or EmptyInput) naming the
     field when it is not one TEI would take, or one sr cannot answer as TEI would."""
     body = parse_json_object(raw)
     if path == ROOT:
-        path = _root_target(body, head_task)
-    _check_fields(body, path)
+        path = _root_target(body, head_task, addressed)
+    elif path == RERANK and "documents" in body and "texts" not in body:
+        path = PEER_RERANK
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise InvalidRequest(f"model: expected a non-empty string, got {json_kind(model)}")
-    if path == EMBED:
-        native = _embed_body(body)
-    elif path == EMBED_SPARSE:
-        native = _embed_sparse_body(body)
-    elif path == RERANK:
-        native = _rerank_body(body)
-    elif path == TOKEN_CLASSIFICATION:
-        native = _token_classification_body(body)
-    else:
-        native = _tokenize_body(body)
+    if path == PEER_RERANK:  # the native body: the worker reads the peers' fields
+        return TeiRequest(_NATIVE_ROUTE[path], body, model, path, body)
+    check_fields(body, _FIELDS[path], _REQUIRED[path], path)
+    native = _BODIES[path](body)
     if model is not None:
         native["model"] = model  # the worker checks it (sr.worker.served_as)
-    return TeiRequest(_NATIVE_ROUTE[path], native, model)
+    return TeiRequest(_NATIVE_ROUTE[path], native, model, path, body)
 
 
-def _root_target(body: dict[str, Any], head_task: HeadTaskOf | None) -> str:
+def _root_target(body: dict[str, Any], head_task: HeadTaskOf | None, addressed: str | None) -> str:
     """TEI's root route takes the body of the model's task; sr reads the task off the body,
-    and, for `inputs`, off the deployment: a token-classification head's task is Hugging
-    Face's token classification, any other model's is /embed."""
+    and, for `inputs`, off the deployment: a head's task is Hugging Face's text or token
+    classification, any other model's is /embed."""
     if "inputs" in body:
+        if isinstance(body["inputs"], dict):
+            return SIMILARITY
         model = body.get("model")
         named = model is None or (isinstance(model, str) and model)  # else refused later
-        if head_task is not None and named and head_task(model) == "token":
+        task = head_task(model if model is not None else addressed) if head_task and named else None
+        if task == "token":
             return TOKEN_CLASSIFICATION
+        if task == "sequence":
+            return TEXT_CLASSIFICATION
         return EMBED
     if "query" in body and "texts" in body:
         return RERANK
     raise InvalidRequest(
-        "body: POST / takes an embed body (`inputs`) or a rerank body (`query` and `texts`)"
+        "body: POST / takes an embed body (`inputs`), a similarity body (`inputs` with "
+        "`source_sentence` and `sentences`) or a rerank body (`query` and `texts`)"
     )
 
 
-def _check_fields(body: dict[str, Any], path: str) -> None:
-    allowed = _FIELDS[path]
-    for name in body:
-        if name not in allowed:
-            raise InvalidRequest(
-                f"{name}: unknown field for {path}; allowed: {', '.join(sorted(allowed))}"
-            )
-    for name in _REQUIRED[path]:
-        if name not in body:
-            raise InvalidRequest(f"{name}: required field is missing")
-
-
 def _embed_body(body: dict[str, Any]) -> dict[str, Any]:
-    native: dict[str, Any] = {"normalize": _flag(body, "normalize", True)}
-    native.update(_truncation(body))
-    native.update(_prompt(body))
+    native: dict[str, Any] = {"normalize": flag(body, "normalize", True)}
+    native.update(truncation(body))
+    native.update(prompt(body))
     inputs = body["inputs"]
     if isinstance(inputs, str):
-        native["input"] = _text(inputs, "inputs")
+        native["input"] = text(inputs, "inputs")
     elif isinstance(inputs, list):
         native["input"], ids = _embed_batch(inputs)
         if ids:
@@ -249,25 +279,12 @@ def _embed_body(body: dict[str, Any]) -> dict[str, Any]:
     return native
 
 
-def _embed_sparse_body(body: dict[str, Any]) -> dict[str, Any]:
-    native: dict[str, Any] = {"input": _texts(body["inputs"])}
-    native.update(_truncation(body))
-    native.update(_prompt(body))
-    return native
-
-
-def _prompt(body: dict[str, Any]) -> dict[str, Any]:
-    """The native `prompt_name` (the worker checks it against the folder's prompts)."""
-    name = body.get("prompt_name")
-    return {} if name is None else {"prompt_name": name}
-
-
 def _embed_batch(inputs: list[Any]) -> tuple[list[Any], bool]:
     """TEI's list `inputs`: one text as token ids, or a batch of texts or of id lists.
     -> (native input, whether it is token ids)."""
     if not inputs:
         raise EmptyInput("inputs: must not be empty")
-    if _is_int(inputs[0]):  # one input, as token ids
+    if is_int(inputs[0]):  # one input, as token ids
         return inputs, True
     ids = isinstance(inputs[0], list)
     if not ids and not isinstance(inputs[0], str):
@@ -289,123 +306,89 @@ def _embed_batch(inputs: list[Any]) -> tuple[list[Any], bool]:
 
 
 def _rerank_body(body: dict[str, Any]) -> dict[str, Any]:
-    texts = body["texts"]
-    if not isinstance(texts, list):
-        raise InvalidRequest(f"texts: expected a list of strings, got {json_kind(texts)}")
-    if not texts:
+    items = body["texts"]
+    if not isinstance(items, list):
+        raise InvalidRequest(f"texts: expected a list of strings, got {json_kind(items)}")
+    if not items:
         raise EmptyInput("texts: must not be empty")
     native: dict[str, Any] = {
-        "query": _text(body["query"], "query"),
-        "documents": [_text(text, f"texts[{i}]") for i, text in enumerate(texts)],
-        "raw_scores": _flag(body, "raw_scores", False),
-        "return_documents": _flag(body, "return_text", False),
+        "query": text(body["query"], "query"),
+        "documents": [text(item, f"texts[{i}]") for i, item in enumerate(items)],
+        "raw_scores": flag(body, "raw_scores", False),
+        "return_documents": flag(body, "return_text", False),
     }
-    native.update(_truncation(body))
+    if body.get("top_n") is not None:
+        native["top_n"] = body["top_n"]  # the worker checks it
+    native.update(truncation(body))
     return native
 
 
 def _tokenize_body(body: dict[str, Any]) -> dict[str, Any]:
-    _refuse_prompt(body)
-    texts = _texts(body["inputs"])
-    return {"input": texts, "add_special_tokens": _flag(body, "add_special_tokens", True)}
+    refuse_prompt(body)
+    return {
+        "input": texts(body["inputs"]),
+        "add_special_tokens": flag(body, "add_special_tokens", True),
+    }
 
 
-def _texts(inputs: Any) -> str | list[str]:
-    """`inputs` as one text or a non-empty list of texts."""
-    if isinstance(inputs, str):
-        return _text(inputs, "inputs")
-    if isinstance(inputs, list):
-        if not inputs:
-            raise EmptyInput("inputs: must not be empty")
-        return [_text(text, f"inputs[{i}]") for i, text in enumerate(inputs)]
-    raise InvalidRequest(f"inputs: expected a string or a list of strings, got {json_kind(inputs)}")
-
-
-def _token_classification_body(body: dict[str, Any]) -> dict[str, Any]:
-    """Hugging Face's token-classification task body as the native /v1/classify's."""
-    native: dict[str, Any] = {"input": _texts(body["inputs"])}
-    parameters = body.get("parameters")
-    if parameters is None:
-        return native
-    if not isinstance(parameters, dict):
-        raise InvalidRequest(f"parameters: expected an object, got {json_kind(parameters)}")
-    for name, value in parameters.items():
-        if name not in _TOKEN_PARAMETERS:
-            allowed = ", ".join(sorted(_TOKEN_PARAMETERS))
-            raise InvalidRequest(f"parameters.{name}: unknown parameter; allowed: {allowed}")
-        if name == "stride":
-            if value is not None:
-                raise InvalidRequest(
-                    "parameters.stride: not supported; sr classifies each text in one window "
-                    "(a text over input.max_tokens follows the deployment's input.overflow)"
-                )
-        elif value is not None:
-            native[name] = value  # the worker checks them, naming the native field
+def _embed_all_body(body: dict[str, Any]) -> dict[str, Any]:
+    native: dict[str, Any] = {"input": texts(body["inputs"])}
+    native.update(truncation(body))
+    native.update(prompt(body))
     return native
 
 
-def _text(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{field}: expected a string, got {json_kind(value)}")
-    if not value:
-        raise EmptyInput(f"{field}: must not be empty")
-    return value  # the worker checks the rest (length, lone surrogates)
+def _embed_sparse_body(body: dict[str, Any]) -> dict[str, Any]:
+    native: dict[str, Any] = {"input": texts(body["inputs"])}
+    native.update(truncation(body))
+    native.update(prompt(body))
+    return native
 
 
-def _flag(body: dict[str, Any], field: str, default: bool) -> bool:
-    value = body.get(field, default)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{field}: expected true or false, got {json_kind(value)}")
-    return value
+def _decode_body(body: dict[str, Any]) -> dict[str, Any]:
+    ids = body["ids"]
+    if isinstance(ids, list) and not ids:
+        raise EmptyInput("ids: must not be empty")
+    # The worker checks the ids against the vocabulary, naming `ids[i]`.
+    return {"ids": ids, "skip_special_tokens": flag(body, "skip_special_tokens", True)}
 
 
-def _truncation(body: dict[str, Any]) -> dict[str, Any]:
-    """The native `truncate` (absent: the deployment's input.overflow), after checking that
-    the direction is one sr can cut in."""
-    direction = body.get("truncation_direction")
-    if direction in ("left", "Left"):
-        raise InvalidRequest(
-            "truncation_direction: 'left' is not supported; sr cuts inputs from the right "
-            "(keeping their start)"
-        )
-    if direction not in (None, "right", "Right"):
-        raise InvalidRequest(f"truncation_direction: expected 'right' or 'left', got {direction!r}")
-    truncate = body.get("truncate")
-    if truncate is None:
-        return {}
-    if not isinstance(truncate, bool):
-        raise InvalidRequest(f"truncate: expected true, false or null, got {json_kind(truncate)}")
-    return {"truncate": truncate}
-
-
-def _refuse_prompt(body: dict[str, Any]) -> None:
-    if body.get("prompt_name") is not None:
-        raise InvalidRequest(
-            "prompt_name: not supported on /tokenize; sr tokenizes each text as sent (the "
-            "prompts apply on /embed and /embed_sparse): put the prompt in the text"
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_BODIES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    EMBED: _embed_body,
+    EMBED_ALL: _embed_all_body,
+    EMBED_SPARSE: _embed_sparse_body,
+    DECODE: _decode_body,
+    RERANK: _rerank_body,
+    TOKENIZE: _tokenize_body,
+    SIMILARITY: tei_tasks.similarity_body,
+    PREDICT: tei_tasks.predict_body,
+    TEXT_CLASSIFICATION: tei_tasks.text_classification_body,
+    TOKEN_CLASSIFICATION: tei_tasks.token_classification_body,
+}
 
 
 # -- answers -------------------------------------------------------------------------------
 def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
     """The worker's native 2xx answer as TEI answers the same request."""
+    task = request.task
+    if task == PEER_RERANK:
+        return payload  # the native answer is the shape Cohere's and Jina's clients read
+    if task in tei_tasks.NATIVE_ROUTE:
+        return tei_tasks.answer(task, request.body, request.caller, payload)
     native = json.loads(payload)
-    if request.route == "/v1/embeddings":
+    if task == EMBED:
         rows = sorted(native["data"], key=lambda row: row["index"])
         return dump_json([row["embedding"] for row in rows])
-    if request.route == "/v1/sparse_embeddings":
+    if task == EMBED_SPARSE:
         rows = sorted(native["data"], key=lambda row: row["index"])
         return dump_json([_sparse_entries(row) for row in rows])
-    if request.route == "/v1/classify":  # token classification
-        results = sorted(native["results"], key=lambda result: result["index"])
-        if isinstance(request.body["input"], str):
-            return dump_json(results[0]["entities"])
-        return dump_json([result["entities"] for result in results])
-    if request.route == "/v1/rerank":
+    if task == EMBED_ALL:
+        rows = sorted(native["data"], key=lambda row: row["index"])
+        return dump_json([row["embeddings"] for row in rows])
+    if task == DECODE:
+        rows = sorted(native["data"], key=lambda row: row["index"])
+        return dump_json([row["text"] for row in rows])
+    if task == RERANK:
         ranks = []
         for result in native["results"]:  # already highest score first
             rank = {"index": result["index"], "score": result["relevance_score"]}
@@ -413,10 +396,10 @@ def tei_answer(request: TeiRequest, payload: bytes) -> bytes:
                 rank["text"] = result["document"]["text"]
             ranks.append(rank)
         return dump_json(ranks)
-    texts = request.body["input"]
-    texts = [texts] if isinstance(texts, str) else texts
+    items = request.body["input"]
+    items = [items] if isinstance(items, str) else items
     rows = sorted(native["data"], key=lambda row: row["index"])
-    return dump_json([_byte_offsets(texts[row["index"]], row["tokens"]) for row in rows])
+    return dump_json([_byte_offsets(items[row["index"]], row["tokens"]) for row in rows])
 
 
 def _sparse_entries(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -451,9 +434,14 @@ def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int,
     """A worker's non-2xx native answer in TEI's shape, its field renamed to TEI's."""
     details = read_error_answer(payload)
     code, message = details.code or "worker_failed", details.message
-    renames = _TEI_FIELD.get(request.route, {})
-    message = _LEADING_FIELD.sub(lambda m: renames.get(m.group(1), m.group(1)), message, count=1)
+    if request.task != PEER_RERANK:  # a peer's body has the native field names
+        renames = _TEI_FIELD.get(request.route, {})
+        message = _LEADING_FIELD.sub(
+            lambda m: renames.get(m.group(1), m.group(1)), message, count=1
+        )
     tei_status, error_type = _status_and_type(code, status)
+    if code == "invalid_request" and TOO_MANY_TOKENS in message:
+        tei_status = 413  # TEI's answer to an input over the limit that may not be cut
     return tei_status, _error_body(message, error_type, code)
 
 
@@ -470,61 +458,3 @@ def _error_body(message: str, error_type: str, code: str) -> bytes:
     if request_id is not None:
         body["request_id"] = request_id
     return dump_json(body)
-
-
-# -- GET /info -----------------------------------------------------------------------------
-def info_model(query_string: bytes) -> str | None:
-    """`?model=` of GET /info (an sr extension, as `model` in a body), or None."""
-    values = parse_qs(query_string.decode("latin-1")).get("model")
-    if not values:
-        return None
-    if len(values) > 1:
-        raise InvalidRequest("model: give the query parameter once")
-    return values[0]
-
-
-def info(
-    card: dict[str, Any], *, deployment: str, ready_replicas: int, version: str
-) -> dict[str, Any]:
-    """TEI's info object for one deployment, from a ready replica's worker card."""
-    limits = card.get("limits") or {}
-    return {
-        "model_id": card.get("artifact") or card.get("id"),
-        "model_sha": card.get("revision"),
-        "model_dtype": card.get("dtype"),
-        "served_model_name": deployment,
-        "model_type": _model_type(card),
-        # Requests each replica admits at once, times the ready replicas.
-        "max_concurrent_requests": MAX_INFLIGHT * ready_replicas,
-        "max_input_length": limits.get("max_input_tokens"),
-        "max_batch_tokens": limits.get("max_num_batched_tokens"),
-        "max_batch_requests": limits.get("max_num_seqs"),
-        "max_client_batch_size": MAX_INPUTS,
-        "auto_truncate": card.get("overflow") == "truncate",
-        # Each worker tokenizes its own requests (on its event loop, or one helper thread
-        # for long inputs): one tokenizer per ready replica.
-        "tokenization_workers": ready_replicas,
-        "version": version,
-        "sha": None,
-        "docker_label": None,
-        # sr extensions: the folder's prompts, which `prompt_name` names (sr.models.prompts)
-        "prompts": (card.get("prompts") or {}).get("texts"),
-        "default_prompt_name": (card.get("prompts") or {}).get("default_prompt_name"),
-    }
-
-
-def _model_type(card: dict[str, Any]) -> dict[str, Any]:
-    """TEI's model_type: a classifier head with one output is a reranker."""
-    labels = card.get("head_labels")
-    if labels:
-        id2label = {str(i): label for i, label in enumerate(labels)}
-        label2id = {label: i for i, label in enumerate(labels)}
-        # TEI has no token-classification type; a token head is a classifier (of tokens).
-        reranker = len(labels) == 1 and card.get("head_task") != "token"
-        kind = "reranker" if reranker else "classifier"
-        return {kind: {"id2label": id2label, "label2id": label2id}}
-    if card.get("sparse"):
-        return {"embedding": {"pooling": "splade"}}  # TEI's name for SPLADE pooling
-    modes = card.get("pooling") or []
-    pooling = "+".join(_POOLING_NAMES.get(mode, mode) for mode in modes) or None
-    return {"embedding": {"pooling": pooling}}

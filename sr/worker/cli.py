@@ -30,6 +30,7 @@ from sr.errors import UsageError
 from sr.events import EventSink
 from sr.logs import LOG_FORMATS, configure_logging, resolve_log_format
 from sr.settings import Settings, read_process_settings
+from sr.traces import require_sdk
 from sr.worker import auth
 from sr.worker.allocator import configure_malloc
 from sr.worker.options import WorkerOptions
@@ -90,8 +91,11 @@ def parse_command(argv: list[str], settings: Settings | None = None) -> WorkerCo
         device=args.device,
         threads=args.threads,
         fault_injection=settings.fault_injection,
+        traces=settings.traces,
     )
     options.validate()
+    if options.traces is not None:
+        require_sdk()  # one line naming the `otel` extra, before anything loads
     listen = (
         {"uds": args.uds} if args.uds else {"host": args.host or "127.0.0.1", "port": args.port}
     )

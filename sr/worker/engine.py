@@ -15,7 +15,8 @@ Rules, in one place:
 - A row of an `embed` kind whose `second` is inside it (a prompt's tokens, under the
   Pooling's `include_prompt: false`) is pooled from there; any other row pools every token.
 - A submission notes when its first forward started and how long its forwards took; the
-  caller's request timing (sr.worker.timing) gets them when `compute` returns.
+  caller's request timing (sr.worker.timing) gets them when `compute` returns. A traced
+  request's timing also gets each forward (its rows, padded tokens, requests sharing it).
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from sr.worker.device_thread import DeviceThread
 
 # `embed_unnormalized`: the vector before the checkpoint's Normalize module (TEI's
 # `normalize: false`); a kind of its own so that cached rows never mix the two. `token`:
-# a token-classification head's logits, one list per token of the row. `sparse`: a sparse
-# encoder's SPLADE vector, answered as (indices, values) of its non-zero entries.
-KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "sparse")
+# a token-classification head's logits, one list per token of the row. `hidden`: the last
+# hidden state per token, before pooling (TEI's /embed_all). `sparse`: a sparse encoder's
+# SPLADE vector, answered as (indices, values) of its non-zero entries.
+KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "hidden", "sparse")
 # Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
-_PER_TOKEN = frozenset({"token"})
+_PER_TOKEN = frozenset({"token", "hidden"})
 _SPARSE = frozenset({"sparse"})
 DEFAULT_CACHE_ROWS = 4096
 
@@ -58,8 +60,8 @@ class _Row:
 
 class _Submission:
     __slots__ = (
-        "abandoned", "done", "error", "first_forward", "forward_s", "kind", "remaining",
-        "results", "rows",
+        "abandoned", "done", "error", "first_forward", "forward_s", "forwards", "kind",
+        "remaining", "results", "rows",
     )  # fmt: skip
 
     def __init__(self, kind: str) -> None:
@@ -74,6 +76,8 @@ class _Submission:
         # of its rows started, and the seconds its forwards took (perf_counter clock).
         self.first_forward: float | None = None
         self.forward_s = 0.0
+        # A traced request's list of its forwards (sr.worker.timing), else None.
+        self.forwards: list[tuple[float, float, int, int, int]] | None = None
 
 
 class Engine:
@@ -106,6 +110,7 @@ class Engine:
                 [r.ids for r in rows], [r.second for r in rows]
             ),
             "token": lambda rows: model.token_logits([r.ids for r in rows]),
+            "hidden": lambda rows: model.token_states([r.ids for r in rows]),
         }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()
@@ -143,6 +148,8 @@ class Engine:
         request_timing = timing.current()
         submitted = time.perf_counter() if request_timing is not None else 0.0
         if submission.rows:
+            if request_timing is not None:
+                submission.forwards = request_timing.forwards
             submission.results = [None] * len(submission.rows)
             submission.remaining = len(submission.rows)
             self._pending.append(submission)
@@ -224,6 +231,8 @@ class Engine:
             if submission.first_forward is None:
                 submission.first_forward = started
             submission.forward_s += seconds
+            if submission.forwards is not None:
+                submission.forwards.append((started, seconds, len(batch), padded, len(submissions)))
         if self._on_forward is not None:
             self._on_forward(len(batch), padded, len(submissions), seconds)
         for row, values in zip(batch, outputs, strict=True):

@@ -26,19 +26,26 @@ from sr.worker.service import WorkerService
 # as the router reuses" rare. The body cap is the router's, so a body the router accepts
 # is never refused here.
 WORKER_HTTP_LIMITS = HttpLimits()
+TRACEPARENT_HEADER = b"traceparent"
+MAX_TRACEPARENT_BYTES = 128  # version 00 is 55; later versions may add fields
 
 
-def request_names(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
-    """The caller's `x-request-id` (the router always sends one) and `x-sr-deployment`
-    (sr.worker.served_as); a direct caller's odd value is ignored rather than refused: the
+def request_names(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[str | None, str | None, str | None]:
+    """The caller's `x-request-id` (the router always sends one), `x-sr-deployment`
+    (sr.worker.served_as) and W3C `traceparent` (the router sends one when its traces are
+    on: sr.worker.tracing); a direct caller's odd value is ignored rather than refused: the
     worker answers whoever can reach it."""
-    rid = deployment = None
+    rid = deployment = traceparent = None
     for name, value in headers:
         if name == request_id.HEADER:
             rid = request_id.usable(value)
         elif name == served_as.HEADER:
             deployment = served_as.deployment_of(value)
-    return rid, deployment
+        elif name == TRACEPARENT_HEADER and len(value) <= MAX_TRACEPARENT_BYTES:
+            traceparent = value.decode("latin-1")
+    return rid, deployment, traceparent
 
 
 def handler_for(service: WorkerService, api_key: str | None = None):
@@ -51,7 +58,10 @@ def handler_for(service: WorkerService, api_key: str | None = None):
     async def handler(method: str, path: str, body: bytes, headers) -> tuple:
         if check is not None and not check.allows(path, headers):
             return unauthorized()
-        return await handle(method, path, body, *request_names(headers))
+        rid, deployment, traceparent = request_names(headers)
+        if traceparent is None:
+            return await handle(method, path, body, rid, deployment)
+        return await handle(method, path, body, rid, deployment, traceparent)
 
     return handler
 

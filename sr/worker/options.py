@@ -23,6 +23,7 @@ from sr.config.engine import (
 )
 from sr.config.validate import device_error
 from sr.errors import UsageError
+from sr.traces import TraceSettings
 
 
 @attrs.frozen
@@ -32,6 +33,8 @@ class WorkerOptions(EngineArgs):
     device: str = "cpu"
     threads: int = 1
     fault_injection: bool = False
+    # Where this worker's spans go (sr.traces, from its environment), None: traces off.
+    traces: TraceSettings | None = None
 
     @classmethod
     def serving(

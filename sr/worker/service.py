@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -50,6 +50,9 @@ from sr.worker.warmup import (
     core_yield_for,
     resolve_limits,
 )
+
+if TYPE_CHECKING:
+    from sr.worker.tracing import WorkerTracing
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -121,6 +124,7 @@ class WorkerService:
             events=self.events,
         )
         self.faults = FaultState()
+        self.tracing: WorkerTracing | None = None  # opened by `run` when traces are on
         self.exit_process = exit_process
         self.exit_requested = False
         self.state = WorkerState.STARTING
@@ -151,6 +155,8 @@ class WorkerService:
             "/v1/decisions": ("POST", lambda body: forward(body, "decisions")),
             "/v1/rerank": ("POST", lambda body: forward(body, "rerank")),
             "/v1/tokenize": ("POST", lambda body: forward(body, "tokenize")),
+            "/v1/token_embeddings": ("POST", lambda body: forward(body, "token_embeddings")),
+            "/v1/detokenize": ("POST", lambda body: forward(body, "detokenize")),
             "/v1/models": ("GET", self._models_route),
             "/health": ("GET", self._health_route),
             "/health/live": ("GET", self._live_route),
@@ -162,6 +168,10 @@ class WorkerService:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Load on the device thread, then serve forwards until cancelled."""
         device = DeviceThread()
+        if self.options.traces is not None:  # in the serving process: the SDK's thread
+            from sr.worker.tracing import WorkerTracing
+
+            self.tracing = WorkerTracing.open(self.options.traces, self._trace_attributes())
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -171,6 +181,18 @@ class WorkerService:
         finally:
             self._nursery = None
             device.stop()
+            if self.tracing is not None:
+                tracing, self.tracing = self.tracing, None
+                with trio.CancelScope(shield=True):  # bounded (sr.traces)
+                    await trio.to_thread.run_sync(tracing.shutdown)
+
+    def _trace_attributes(self) -> dict[str, str]:
+        """The worker's resource attributes on its spans."""
+        return {
+            "sr.artifact": self.options.artifact,
+            "sr.device": self.options.device,
+            "process.pid": str(os.getpid()),
+        }
 
     async def wait_settled(self) -> WorkerState:
         """Wait until the worker is ready or failed; returns the state."""
@@ -327,21 +349,25 @@ class WorkerService:
         body: bytes,
         request_id: str | None = None,
         deployment: str | None = None,
+        traceparent: str | None = None,
     ) -> Response:
         """Answer one request. `request_id` (the router's, sr.request_id) is current while
         it is answered, so its error body and log lines carry it; so is `deployment`, the
-        name the router serves this worker under (sr.worker.served_as)."""
+        name the router serves this worker under (sr.worker.served_as). `traceparent`: the
+        router's hop span, when its traces are on (sr.worker.tracing)."""
         if request_id is None and deployment is None:
-            return await self._handle(method, path, body)
+            return await self._handle(method, path, body, traceparent)
         id_token = current_request_id.set(request_id)
         name_token = current_deployment.set(deployment)
         try:
-            return await self._handle(method, path, body)
+            return await self._handle(method, path, body, traceparent)
         finally:
             current_deployment.reset(name_token)
             current_request_id.reset(id_token)
 
-    async def _handle(self, method: str, path: str, body: bytes) -> Response:
+    async def _handle(
+        self, method: str, path: str, body: bytes, traceparent: str | None = None
+    ) -> Response:
         route = self._routes.get(path)
         if route is None:
             if path == "/admin/faults" and self.options.fault_injection:
@@ -356,13 +382,30 @@ class WorkerService:
             response = status, [*headers, (b"allow", allowed.encode())], payload
         elif allowed == "POST":  # the task routes: timed (sr.worker.timing)
             with RequestTiming() as timing:
+                if traceparent is not None and self.tracing is not None:
+                    timing.forwards = []  # the engine notes each forward (sr.worker.tracing)
                 response = await self._answer(path, answer, body)
             if response[0] == 200 and timing.computed:
                 response = response[0], [*response[1], timing.header()], response[2]
+            if timing.forwards is not None:
+                self._record_trace(traceparent, path, timing, response[0])
         else:
             response = await self._answer(path, answer, body)
         self.metrics.count_answer(path, response[0])
         return response
+
+    def _record_trace(
+        self, traceparent: str | None, path: str, timing: RequestTiming, status: int
+    ) -> None:
+        if self.tracing is None or traceparent is None:
+            return
+        try:
+            self.tracing.record(
+                traceparent, path, timing, status,
+                request_id=current_request_id.get(), deployment=current_deployment.get(),
+            )  # fmt: skip
+        except Exception:  # a span lost must never cost the answer
+            _log.exception("trace_record_failed path=%s", path)
 
     async def _answer(
         self, path: str, answer: Callable[[bytes], Awaitable[Response]], body: bytes

@@ -11,7 +11,9 @@ from sr.errors import InvalidRequest
 from sr.worker import validation as v
 from sr.worker.prompting import prompt_text
 
-SPARSE_FIELDS = frozenset({"model", "input", "truncate", "prompt_name", "task"})
+SPARSE_FIELDS = frozenset(
+    {"model", "input", "truncate", "truncation_direction", "prompt_name", "task"}
+)
 
 
 async def sparse_embeddings(tasks, body: dict[str, Any]) -> dict[str, Any]:
@@ -25,7 +27,7 @@ async def sparse_embeddings(tasks, body: dict[str, Any]) -> dict[str, Any]:
         )
     texts, fields = v.inputs(body["input"])
     texts, _ = tasks._prompted(texts, prompt_text(body, tasks.prompts))
-    rows, usage = await tasks._rows(texts, fields, tasks._overflow(body))
+    rows, usage = await tasks._rows(texts, fields, tasks._overflow(body), tasks._cut(body))
     entries = await tasks.engine.compute("sparse", rows)
     data = [
         {"object": "sparse_embedding", "index": i, "indices": indices, "values": values}

@@ -9,7 +9,6 @@ is plain Python on the floats the device thread returned, so no torch runs on th
 from __future__ import annotations
 
 import base64
-import functools
 import math
 import struct
 from collections.abc import Callable
@@ -19,7 +18,7 @@ import trio
 
 from sr.errors import InvalidRequest, RequestTooLarge
 from sr.models.prompts import Prompts
-from sr.worker import timing
+from sr.worker import peer_fields, timing, token_tasks
 from sr.worker import validation as v
 from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
@@ -30,21 +29,30 @@ ZERO_SHOT_TEMPERATURE = 0.05
 # Tokenizing more characters than this moves to a helper thread so the event loop stays free.
 _INLINE_TOKENIZE_CHARS = 16_384
 
-# Every field OpenAI documents for embeddings; `user` is accepted and not used. `normalize`
-# and `add_special_tokens` are sr extensions (what TEI's /embed needs); `prompt_name`
-# (sentence-transformers', TEI's) and Jina's `task` pick a prompt (sr.worker.prompting).
+# Every field OpenAI documents for embeddings; `user` is accepted and not used. `normalize`,
+# `add_special_tokens` and `truncation_direction` are sr extensions (what TEI's /embed
+# needs); `prompt_name` (sentence-transformers', TEI's) and Jina's `task` pick a prompt
+# (sr.worker.prompting).
 _EMBEDDINGS_FIELDS = frozenset(
     {
         "model", "input", "encoding_format", "dimensions", "user", "truncate", "normalize",
-        "add_special_tokens", "prompt_name", "task",
+        "add_special_tokens", "truncation_direction", "prompt_name", "task",
     }
 )  # fmt: skip
-_CLASSIFY_FIELDS = frozenset({"model", "input", "labels", "truncate"})
-_DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
-_RERANK_FIELDS = frozenset(
-    {"model", "query", "documents", "top_n", "return_documents", "truncate", "raw_scores"}
+_CLASSIFY_FIELDS = frozenset(
+    {"model", "input", "labels", "truncate", "truncation_direction", "raw_scores"}
 )
-_TOKENIZE_FIELDS = frozenset({"model", "input", "add_special_tokens"})
+_DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
+# sr's, TEI's and the fields Cohere's and Jina's rerank APIs define (docs/clients.md's
+# table: `rank_fields` picks a document object's text; `max_chunks_per_doc` and
+# `max_tokens_per_doc` are accepted and not applied: a pair over input.max_tokens follows
+# the overflow rule).
+_RERANK_FIELDS = frozenset(
+    {
+        "model", "query", "documents", "top_n", "return_documents", "truncate", "raw_scores",
+        "truncation_direction", "rank_fields", "max_chunks_per_doc", "max_tokens_per_doc",
+    }
+)  # fmt: skip
 _QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 
 
@@ -80,6 +88,7 @@ class Tasks:
         return [prompt + text for text in texts], skip
 
     async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = peer_fields.embeddings_body(body)  # Jina's and Infinity's fields as sr's
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
         model_name = self._served_model(body)
         if self.sparse:
@@ -113,11 +122,12 @@ class Tasks:
             # The caller's ids are the text's tokens; the special tokens go around them
             # as around a text, and the overflow rule applies to the framed row.
             framed = [self.model.with_special_tokens(ids) for ids in items]
-            rows, usage = self._limit(framed, fields, self._overflow(body))
+            rows, usage = self._limit(framed, fields, self._overflow(body), self._cut(body))
         elif kind == "ids":
             # Whole rows, special tokens included (as /v1/tokenize gives them): embedded as
             # given, and a row over the limit is cut as it stands.
-            rows, usage = self._limit(list(items), fields, self._overflow(body), cut=_head)
+            cut = _tail if self._direction(body) == "left" else _head
+            rows, usage = self._limit(list(items), fields, self._overflow(body), cut=cut)
         elif not add_special:
             raise InvalidRequest(
                 "add_special_tokens: false applies to token-id input only; a text always gets "
@@ -125,7 +135,7 @@ class Tasks:
             )
         else:
             texts, skip = self._prompted(items, prompt)
-            rows, usage = await self._rows(texts, fields, self._overflow(body))
+            rows, usage = await self._rows(texts, fields, self._overflow(body), self._cut(body))
         unnormalized = normalize is False and self.model.normalize
         # Pooling leaves the prompt out from `skip` on, always keeping the row's last token.
         starts = [min(skip, len(ids) - 1) for ids in rows] if skip else None
@@ -164,12 +174,23 @@ class Tasks:
         v.check_fields(body, allowed=_CLASSIFY_FIELDS, required=("input",))
         model_name = self._served_model(body)
         overflow = self._overflow(body)
+        # The head's logits themselves (TEI's raw_scores), not their probabilities.
+        raw_scores = v.boolean(body.get("raw_scores", False), "raw_scores")
+        if _is_pair_list(body["input"]) and "labels" not in body:
+            keys = self._own_labels()
+            pairs, fields = v.text_pairs(body["input"], "input")
+            rows, seconds, usage = await self._pair_rows(pairs, fields, overflow, body)
+            scores = await self.engine.compute("rerank", rows, seconds)
+            return self._classified(model_name, keys, scores, raw_scores, usage)
         texts, fields = v.inputs(body["input"])
         if "labels" in body:
             labels = v.text_map(body["labels"], "labels", limit=v.MAX_LABELS)
             keys = list(labels)
             rows, usage = await self._rows(
-                texts + list(labels.values()), fields + [f"labels.{k}" for k in keys], overflow
+                texts + list(labels.values()),
+                fields + [f"labels.{k}" for k in keys],
+                overflow,
+                self._cut(body),
             )
             vectors = await self.engine.compute("embed", rows)
             label_vectors = vectors[len(texts) :]
@@ -178,15 +199,34 @@ class Tasks:
                 for i in range(len(texts))
             ]
         else:
-            keys = self.model.head_labels
-            if not keys:
-                raise InvalidRequest(
-                    "labels: required; this model has no classification head of its own"
-                )
-            rows, usage = await self._rows(texts, fields, overflow)
+            keys = self._own_labels()
+            rows, usage = await self._rows(texts, fields, overflow, self._cut(body))
             scores = await self.engine.compute("classify", rows)
+            return self._classified(model_name, keys, scores, raw_scores, usage)
+        return self._classified(model_name, keys, scores, raw_scores, usage, zero_shot=True)
+
+    def _own_labels(self) -> list[str]:
+        keys = self.model.head_labels
+        if not keys:
+            raise InvalidRequest(
+                "labels: required; this model has no classification head of its own"
+            )
+        return keys
+
+    def _classified(
+        self,
+        model_name: str,
+        keys: list[str],
+        scores: list[list[float]],
+        raw_scores: bool,
+        usage: dict,
+        zero_shot: bool = False,
+    ) -> dict[str, Any]:
+        """The /v1/classify answer from each row's scores over `keys`."""
         to_probabilities = _softmax
-        if "labels" not in body and self.model.head_activation == "sigmoid":
+        if raw_scores:
+            to_probabilities = list
+        elif not zero_shot and self.model.head_activation == "sigmoid":
             to_probabilities = _sigmoids
         results = []
         for index, row_scores in enumerate(scores):
@@ -200,6 +240,28 @@ class Tasks:
                 }
             )
         return {"model": model_name, "results": results, "usage": usage}
+
+    async def _pair_rows(
+        self, pairs: list[tuple[str, str]], fields: list[str], overflow: str, body: dict
+    ) -> tuple[list[list[int]], list[int], dict]:
+        """Each (text, text_pair) as one row of the head's input, under the overflow rule
+        (cut longest text first, as a cross-encoder's pairs are)."""
+        encode = self.model.encode_pair_list
+        timing.note_characters(sum(len(a) + len(b) for a, b in pairs))
+        encoded = encode(pairs)
+        limit = self.max_input_tokens
+        over = [i for i, (ids, _) in enumerate(encoded) if len(ids) > limit]
+        for i in over:
+            self._check_length(encoded[i][0], fields[i], overflow)
+        if over:
+            cut = encode([pairs[i] for i in over], limit, self._direction(body))
+            for i, pair in zip(over, cut, strict=True):
+                encoded[i] = pair
+        tokens = sum(len(ids) for ids, _ in encoded)
+        usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if over:
+            usage["truncated_inputs"] = [fields[i] for i in over]
+        return [ids for ids, _ in encoded], [second for _, second in encoded], usage
 
     async def decisions(self, body: dict[str, Any]) -> dict[str, Any]:
         v.check_fields(body, allowed=_DECISIONS_FIELDS, required=("state", "questions"))
@@ -266,7 +328,11 @@ class Tasks:
         v.check_fields(body, allowed=_RERANK_FIELDS, required=("query", "documents"))
         model_name = self._served_model(body)
         query = v.text(body["query"], "query")
-        documents, fields = v.text_list(body["documents"], "documents")
+        given = body["documents"]
+        documents, fields = v.documents(given, v.rank_field(body.get("rank_fields")))
+        for name in ("max_chunks_per_doc", "max_tokens_per_doc"):
+            if body.get(name) is not None:
+                v.positive_int(body[name], name)  # accepted and not applied (see above)
         top_n = v.positive_int(body["top_n"], "top_n") if "top_n" in body else len(documents)
         return_documents = v.boolean(body.get("return_documents", False), "return_documents")
         # The head's logit itself (TEI's raw_scores), not its sigmoid, which saturates.
@@ -288,7 +354,9 @@ class Tasks:
                 f"this deployment's model is a classifier with {len(labels)} labels; "
                 "/v1/rerank needs a cross-encoder with one relevance output"
             )
-        pairs, usage = await self._pairs(query, documents, fields, self._overflow(body))
+        pairs, usage = await self._pairs(
+            query, documents, fields, self._overflow(body), self._direction(body)
+        )
         rows = [ids for ids, _ in pairs]
         logits = await self.engine.compute("rerank", rows, [second for _, second in pairs])
         scores = [row[0] if raw_scores else _sigmoids(row)[0] for row in logits]
@@ -296,37 +364,23 @@ class Tasks:
         results = []
         for index in order:
             result: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
-            if return_documents:
-                result["document"] = {"text": documents[index]}
+            if return_documents:  # as given: a text as Cohere's and Jina's {text}
+                document = given[index]
+                result["document"] = document if isinstance(document, dict) else {"text": document}
             results.append(result)
         return {"model": model_name, "results": results, "usage": usage}
 
     async def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Each text as the model's tokenizer splits it, one entry per token: its id, its
-        text (the input's own characters; the token itself for a special one), whether it is
-        special, and its code-point offsets [start, stop) into the input (null for special
-        tokens). Nothing is truncated; no forward runs."""
-        v.check_fields(body, allowed=_TOKENIZE_FIELDS, required=("input",))
-        model_name = self._served_model(body)
-        texts, _fields = v.inputs(body["input"])
-        add_special = v.boolean(body.get("add_special_tokens", True), "add_special_tokens")
-        encode = functools.partial(
-            self.model.tokenizer.encode_batch, texts, add_special_tokens=add_special
-        )
-        if sum(map(len, texts)) > _INLINE_TOKENIZE_CHARS:
-            encodings = await trio.to_thread.run_sync(encode)
-        else:
-            encodings = encode()
-        rows = [
-            _token_entries(text, encoding) for text, encoding in zip(texts, encodings, strict=True)
-        ]
-        data = [{"index": index, "tokens": row} for index, row in enumerate(rows)]
-        tokens = sum(map(len, rows))
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return {"object": "list", "model": model_name, "data": data, "usage": usage}
+        return await token_tasks.tokenize(self, body)
+
+    async def token_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await token_tasks.token_embeddings(self, body)
+
+    async def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await token_tasks.detokenize(self, body)
 
     async def _pairs(
-        self, query: str, documents: list[str], fields: list[str], overflow: str
+        self, query: str, documents: list[str], fields: list[str], overflow: str, direction: str
     ) -> tuple[list[tuple[list[int], int]], dict]:
         """Each pair's ids and second-text start, under the overflow rule (a pair over
         the limit is refused, or cut longest text first as sentence-transformers'
@@ -343,13 +397,13 @@ class Tasks:
         if over and overflow == "reject":
             i = over[0]
             raise InvalidRequest(
-                f"{fields[i]}: {len(pairs[i][0])} tokens with the query exceed "
-                f"input.max_tokens {limit} (overflow: reject; send truncate: true to cut it "
+                f"{fields[i]}: {len(pairs[i][0])} tokens with the query {v.TOO_MANY_TOKENS} "
+                f"{limit} (overflow: reject; send truncate: true to cut it "
                 "instead)"
             )
         if over:
             try:
-                cut = encode(query, [documents[i] for i in over], limit)
+                cut = encode(query, [documents[i] for i in over], limit, direction)
             except Exception as error:  # tokenizers cannot cut this pair that short
                 raise InvalidRequest(
                     f"{fields[over[0]]}: cannot be cut to input.max_tokens {limit}: {error}"
@@ -363,10 +417,29 @@ class Tasks:
         return pairs, usage
 
     async def _rows(
-        self, texts: list[str], fields: list[str], overflow: str
+        self,
+        texts: list[str],
+        fields: list[str],
+        overflow: str,
+        cut: Callable[[list[int], int], list[int]] | None = None,
     ) -> tuple[list[list[int]], dict]:
         """Tokenize, apply the overflow rule per row, and account the tokens in `usage`."""
-        return self._limit(await self._tokenize(texts), fields, overflow)
+        return self._limit(await self._tokenize(texts), fields, overflow, cut)
+
+    def _direction(self, body: dict[str, Any]) -> str:
+        """Which end of an input too long is cut: `right` (the default) keeps its start,
+        `left` its end (TEI's truncation_direction)."""
+        direction = body.get("truncation_direction", "right")
+        if direction not in ("right", "left"):
+            raise InvalidRequest(
+                f"truncation_direction: expected 'right' or 'left', got {direction!r}"
+            )
+        return direction
+
+    def _cut(self, body: dict[str, Any]) -> Callable[[list[int], int], list[int]] | None:
+        """How a row over the limit is cut: None (the model's own, from the right) unless
+        the body asks for the left."""
+        return self.model.truncate_left if self._direction(body) == "left" else None
 
     def _limit(
         self,
@@ -417,7 +490,7 @@ class Tasks:
         limit = self.max_input_tokens
         if len(ids) > limit and overflow == "reject":
             raise InvalidRequest(
-                f"{field}: {len(ids)} tokens exceed input.max_tokens {limit} (overflow: "
+                f"{field}: {len(ids)} tokens {v.TOO_MANY_TOKENS} {limit} (overflow: "
                 "reject; send truncate: true to cut it instead)"
             )
 
@@ -457,28 +530,13 @@ def _head(ids: list[int], max_tokens: int) -> list[int]:
     return ids[:max_tokens]
 
 
-def _token_entries(text: str, encoding) -> list[dict[str, Any]]:
-    """One tokenizers Encoding as token entries; offsets are Python's (code points)."""
-    entries = []
-    spans = zip(
-        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
-    )
-    for token_id, token, (start, stop), special in spans:
-        if special:
-            entries.append(
-                {"id": token_id, "text": token, "special": True, "start": None, "stop": None}
-            )
-        else:
-            entries.append(
-                {
-                    "id": token_id,
-                    "text": text[start:stop],
-                    "special": False,
-                    "start": start,
-                    "stop": stop,
-                }
-            )
-    return entries
+def _tail(ids: list[int], max_tokens: int) -> list[int]:
+    return ids[len(ids) - max_tokens :]
+
+
+def _is_pair_list(value: Any) -> bool:
+    """`input` of /v1/classify as text pairs: a list of [text, text_pair] lists."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], list)
 
 
 def _base64_float32(vector: list[float]) -> str:

@@ -17,6 +17,9 @@ MAX_INPUT_CHARS = 100_000
 MAX_LABELS = 256
 MAX_QUESTIONS = 64
 MAX_CRITERIA = 256
+# In the message of an input over input.max_tokens that may not be cut (TEI's routes answer
+# it with 413, as TEI does).
+TOO_MANY_TOKENS = "exceed input.max_tokens"
 
 
 def parse_object(body: bytes) -> dict[str, Any]:
@@ -158,3 +161,54 @@ def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
         if not key:
             raise InvalidRequest(f"{field}: keys must not be empty")
     return {key: text(description, f"{field}.{key}") for key, description in value.items()}
+
+
+def text_pairs(value: list, field: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """A non-empty list of at most MAX_INPUTS [text, text_pair] lists."""
+    if len(value) > MAX_INPUTS:
+        raise RequestTooLarge(f"{field}: {len(value)} items; the limit is {MAX_INPUTS} per request")
+    pairs, fields = [], []
+    for index, pair in enumerate(value):
+        where = f"{field}[{index}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise InvalidRequest(
+                f"{where}: expected a pair [text, text_pair], got {json_kind(pair)} "
+                "(a batch is all texts or all pairs)"
+            )
+        pairs.append((text(pair[0], f"{where}[0]"), text(pair[1], f"{where}[1]")))
+        fields.append(where)
+    return pairs, fields
+
+
+def rank_field(value: Any) -> str:
+    """Cohere's `rank_fields`: the one field of a document object that is ranked (`text`
+    when absent). sr ranks one text per document, so several fields are refused."""
+    if value is None:
+        return "text"
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], str):
+        raise InvalidRequest(
+            "rank_fields: expected a list of one field name; sr ranks one text per document"
+        )
+    return value[0]
+
+
+def documents(value: Any, field_name: str) -> tuple[list[str], list[str]]:
+    """Rerank `documents`: strings, or objects whose `field_name` (`text` unless
+    rank_fields names another) is the text, as Cohere's and Jina's APIs take them."""
+    if not isinstance(value, list) or not value or not any(isinstance(d, dict) for d in value):
+        return text_list(value, "documents")
+    if len(value) > MAX_INPUTS:
+        raise RequestTooLarge(
+            f"documents: {len(value)} items; the limit is {MAX_INPUTS} per request"
+        )
+    texts, fields = [], []
+    for index, document in enumerate(value):
+        where = f"documents[{index}]"
+        if isinstance(document, dict):
+            if field_name not in document:
+                raise InvalidRequest(f"{where}.{field_name}: required field is missing")
+            texts.append(text(document[field_name], f"{where}.{field_name}"))
+        else:
+            texts.append(text(document, where))
+        fields.append(where)
+    return texts, fields

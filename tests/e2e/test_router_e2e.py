@@ -44,6 +44,7 @@ def test_health_ready_startup_models_inventory(router):
             "replicas": 2,
             "ready_replicas": models[0]["ready_replicas"],
             "ready": True,
+            "base_path": "/d/primary/",
             # The folder has no config_sentence_transformers.json: sentence-transformers'
             # own prompts, empty.
             "prompts": {"texts": {"query": "", "document": ""}, "default_prompt_name": None},

@@ -65,7 +65,9 @@ def test_every_family_answers_as_the_torch_engine(checkpoint):
         want, got = torch_model.classify_logits(rows), ort_model.classify_logits(rows)
     else:
         want, got = torch_model.embed(rows), ort_model.embed(rows)
-    assert (got - want).abs().max().item() <= 1e-5, name
+    # the engine's own rule: within 1e-5 of the largest magnitude (Gemma3's answers reach 2.6)
+    scale = max(1.0, want.abs().max().item())
+    assert (got - want).abs().max().item() <= 1e-5 * scale, (name, scale)
     # a row's answer does not depend on the rows beside it: each is one ORT run
     alone = torch.cat([ort_model.embed([row]) for row in rows])
     assert torch.equal(alone, ort_model.embed(rows))

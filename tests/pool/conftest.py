@@ -59,6 +59,7 @@ class FakeWorker:
         self.state = "loading"
         self.served = 0
         self.died = 0
+        self.traceparents: list[str] = []  # what the router's hop sent (traces on)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -67,7 +68,12 @@ class FakeWorker:
         self.state = "failed" if reason else "ready"
         await trio.sleep_forever()
 
-    async def handle(self, method: str, path: str, body: bytes, request_id=None, deployment=None):
+    async def handle(
+        self, method: str, path: str, body: bytes, request_id=None, deployment=None,
+        traceparent=None,
+    ):  # fmt: skip
+        if traceparent is not None:
+            self.traceparents.append(traceparent)
         headers = [(b"content-type", b"application/json")]
         if path == "/health":
             if self.state == "ready":

@@ -39,7 +39,14 @@ async def call(
         body = json.dumps(body).encode()
     body = body or b""
     raw_headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": path, "headers": raw_headers}
+    path, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "query_string": query.encode(),
+        "headers": raw_headers,
+    }
     if extensions is not None:
         scope["extensions"] = extensions
     size = max(1, len(body) // chunks) if body else 1

@@ -12,6 +12,7 @@ import trio
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.errors import ModelNotFound, SrError
+from sr.http.body import ClientDisconnected
 from sr.pool.state import ReplicaState
 from sr.pool.views import DeploymentView, Inventory, ReplicaView
 
@@ -72,10 +73,22 @@ class FakeRouterCore:
                 return name
         raise ModelNotFound(f"model {model!r} is not a deployment or its artifact")
 
-    async def request_raw(self, deployment, path, body, timeout_s=None, request_id=None):
+    async def request_raw(
+        self, deployment, path, body, timeout_s=None, request_id=None, watch=None
+    ):
         self.calls.append((deployment, path, body, timeout_s))
         self.request_ids.append(request_id)
-        return await self.handler(deployment, path, body, timeout_s)
+        if watch is None:
+            return await self.handler(deployment, path, body, timeout_s)
+        # As the pool does: the hang-up watch cancels the dispatch's own scope, and the
+        # dispatch says so with ClientDisconnected.
+        with trio.CancelScope() as scope:
+            stop_watching = watch(scope)
+            try:
+                return await self.handler(deployment, path, body, timeout_s)
+            finally:
+                stop_watching()
+        raise ClientDisconnected("the caller hung up")
 
     def served_dtype(self, deployment: str) -> str | None:
         """No replica cards here: `sr_model_info` labels the configured dtype."""

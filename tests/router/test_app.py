@@ -264,6 +264,7 @@ async def test_health_ready_startup_status_inventory_models():
         "replicas": 2,
         "ready_replicas": 2,
         "ready": True,
+        "base_path": "/d/primary/",
     }
     assert by_id["solo"]["replicas"] == 1
     assert abs(by_id["primary"]["created"] - time.time()) < 60  # OpenAI's Unix seconds

@@ -288,6 +288,7 @@ def test_a_full_start_prints_serving_then_all_ready_at_once_for_every_deployment
     StartupProgress(out).ready("http://h:1", Counts(primary=(2, 2), rerank=(1, 1)))
     assert out.getvalue().splitlines() == [
         "sr: serving on http://h:1: 2/2 replicas of primary, 1/1 of rerank ready",
+        "sr: each deployment's own base URL: http://h:1/d/primary/, http://h:1/d/rerank/",
         "sr: all replicas ready (3/3)",
     ]
 

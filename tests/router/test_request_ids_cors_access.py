@@ -142,12 +142,26 @@ async def test_a_reload_adopts_new_origins():
     assert (old.status, new.status) == (403, 204)
 
 
-async def test_openapi_json_is_the_shipped_document():
-    app, _ = build()
-    answer = await call(app, "GET", "/openapi.json")
+async def test_openapi_json_is_the_shipped_document_true_to_the_config():
+    """With keys: the shipped document, less the fault route (fault injection is off).
+    Without: no security requirement either, so no tester expects a key to be checked."""
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "sr" / "router" / "openapi.yaml").read_text()
+    )
+    del shipped["paths"]["/api/v1/faults"]
+    app, _ = build(api_keys=["k"])
+    answer = await call(app, "GET", "/openapi.json", headers={"Authorization": "Bearer k"})
     assert answer.status == 200 and answer.headers["content-type"] == "application/json"
-    shipped = Path(__file__).parents[2] / "sr" / "router" / "openapi.yaml"
-    assert answer.json() == yaml.safe_load(shipped.read_text())
+    assert answer.json() == shipped
+    open_app, _ = build()
+    document = (await call(open_app, "GET", "/openapi.json")).json()
+    assert "security" not in document
+    assert all(
+        "security" not in operation
+        for operations in document["paths"].values()
+        for operation in operations.values()
+    )
+    assert set(document["paths"]) == set(shipped["paths"])
 
 
 class Lines(logging.Handler):

@@ -187,6 +187,16 @@ async def test_prompt_name_goes_to_the_worker():
     answer = await call(app, "POST", "/embed", {"inputs": ["a"], "prompt_name": "query"})
     assert answer.status == 200, answer.body
     assert forwarded(core)[1] == {"input": ["a"], "normalize": True, "prompt_name": "query"}
+    # /similarity takes it in `parameters`: the prompt goes before the source and sentences.
+    body = {"inputs": {"source_sentence": "a", "sentences": ["b"]},
+            "parameters": {"prompt_name": "query"}}  # fmt: skip
+    answer = await call(app, "POST", "/similarity", body)
+    assert answer.status == 200, answer.body
+    assert forwarded(core)[1] == {"input": ["a", "b"], "normalize": True, "prompt_name": "query"}
+    # /embed_all's tokens are the prompted text's, as /embed pools them.
+    request = tei.parse_request("/embed_all", b'{"inputs": ["a"], "prompt_name": "query"}')
+    assert request.route == "/v1/token_embeddings"
+    assert request.body == {"input": ["a"], "prompt_name": "query"}
 
 
 async def test_embed_sparse_answers_tei_sparse_values():
@@ -207,6 +217,8 @@ async def test_embed_sparse_answers_tei_sparse_values():
     )
     single = await call(app, "POST", "/embed_sparse", {"inputs": "a"})
     assert len(single.json()) == 1 and forwarded(core)[1] == {"input": "a"}
+    await call(app, "POST", "/embed_sparse", {"inputs": "a", "truncation_direction": "left"})
+    assert forwarded(core)[1] == {"input": "a", "truncation_direction": "left"}
     for body, status, error_type, start in (
         ({"inputs": []}, 400, "Empty", "inputs: "),
         ({"inputs": [1, 2]}, 422, "Validation", "inputs[0]: "),
@@ -242,8 +254,8 @@ async def test_token_ids_are_whole_rows():
         ({"inputs": "a", "normalise": False}, 422, "Validation", "normalise: unknown field"),
         ({"inputs": "a", "normalize": "no"}, 422, "Validation", "normalize: "),
         ({"inputs": "a", "truncate": "yes"}, 422, "Validation", "truncate: "),
-        ({"inputs": "a", "truncation_direction": "left"}, 422, "Validation",
-         "truncation_direction: 'left' is not supported"),
+        ({"inputs": "a", "truncation_direction": "up"}, 422, "Validation",
+         "truncation_direction: expected 'right' or 'left'"),
         ({"inputs": "a", "truncation_direction": "up"}, 422, "Validation",
          "truncation_direction: "),
         ({"inputs": "a", "model": 3}, 422, "Validation", "model: "),
@@ -295,7 +307,7 @@ async def test_rerank_maps_texts_and_answers_ranks_highest_first():
         ({"query": "q", "texts": "a"}, 422, "Validation", "texts: "),
         ({"query": "q", "texts": ["a", 2]}, 422, "Validation", "texts[1]: "),
         ({"query": "q"}, 422, "Validation", "texts: required"),
-        ({"query": "q", "texts": ["a"], "top_n": 1}, 422, "Validation", "top_n: unknown field"),
+        ({"query": "q", "texts": ["a"], "top_k": 1}, 422, "Validation", "top_k: unknown field"),
         ({"query": "q", "texts": ["a"], "return_text": 1}, 422, "Validation", "return_text: "),
     ],
 )
@@ -421,7 +433,7 @@ def worker_answering(status: int, code: str, message: str):
     [
         ("/embed", {"inputs": ["a", "b"]},
          (400, "invalid_request", "input[1]: 300 tokens exceed input.max_tokens 256"),
-         422, "Validation", "inputs[1]: 300 tokens exceed"),
+         413, "Validation", "inputs[1]: 300 tokens exceed"),
         ("/embed", {"inputs": "a", "dimensions": 9},
          (400, "invalid_request", "dimensions: 9 exceeds this model's embedding size 2"),
          422, "Validation", "dimensions: 9 exceeds"),

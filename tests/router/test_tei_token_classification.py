@@ -76,11 +76,16 @@ async def test_the_card_selects_the_task_of_a_root_body_with_inputs():
     assert embedded.json() == [[0.5]] and core.calls[-1][1] == "/v1/embeddings"
 
 
-@pytest.mark.parametrize("head_task", [None, "sequence"])
-async def test_other_heads_embed_on_the_root_route(head_task):
-    app, core = _app({"primary": _card(head_task)})
+async def test_a_model_without_a_head_embeds_on_the_root_route():
+    app, core = _app({"primary": _card(None)})
     answer = await call(app, "POST", "/", {"inputs": "ada"})
     assert answer.json() == [[0.5]] and core.calls[-1][1] == "/v1/embeddings"
+
+
+async def test_a_sequence_head_classifies_texts_on_the_root_route():
+    app, core = _app({"primary": _card("sequence")})
+    await call(app, "POST", "/", {"inputs": "ada"})
+    assert core.calls[-1][1] == "/v1/classify"
 
 
 async def test_the_model_named_picks_the_card():

@@ -167,3 +167,21 @@ async def test_the_prompt_counts_against_the_input_limit(prompted_dir):
         assert status == 200
         assert answer["usage"]["prompt_tokens"] == 6
         assert answer["usage"]["truncated_inputs"] == ["input[0]"]
+
+
+async def test_token_embeddings_are_the_prompted_rows_hidden_states(prompted_dir):
+    async with running(_options(prompted_dir), golden_check_fn=passing_golden) as service:
+        body = {"input": ["hello world"], "prompt_name": "query"}
+        status, answer = await post(service, "/v1/token_embeddings", body)
+        assert status == 200, answer
+        row = service.model.tokenize([PROMPTS["query"] + "hello world"])[0]
+        assert answer["usage"]["prompt_tokens"] == len(row)
+        expected = service.model.token_states([row]).tolist()
+        got = answer["data"][0]["embeddings"]
+        assert len(got) == len(row)
+        for token, want in zip(got, expected, strict=True):
+            assert token == pytest.approx(want, abs=TOLERANCE)
+        status, answer = await post(
+            service, "/v1/token_embeddings", {"input": "hi", "prompt_name": "queyr"}
+        )
+        assert status == 400 and answer["error"]["param"] == "prompt_name", answer

@@ -10,12 +10,15 @@ from sr.worker.http import request_names
 
 def test_the_headers_are_read_and_odd_values_are_ignored():
     headers = [(b"host", b"w"), (b"x-request-id", b"abc-1"), (b"x-sr-deployment", b"minilm")]
-    assert request_names(headers) == ("abc-1", "minilm")
-    assert request_names([(b"host", b"w")]) == (None, None)
+    assert request_names(headers) == ("abc-1", "minilm", None)
+    assert request_names([(b"host", b"w")]) == (None, None, None)
     for odd in (b"", b"a b", b"x" * 129, "é".encode()):
-        assert request_names([(b"x-request-id", odd)]) == (None, None)
+        assert request_names([(b"x-request-id", odd)]) == (None, None, None)
     for odd in (b"", b"-lead", b"a/b", b"x" * 65, "é".encode()):
-        assert request_names([(b"x-sr-deployment", odd)]) == (None, None)
+        assert request_names([(b"x-sr-deployment", odd)]) == (None, None, None)
+    parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    assert request_names([(b"traceparent", parent)]) == (None, None, parent.decode())
+    assert request_names([(b"traceparent", b"0" * 129)]) == (None, None, None)
 
 
 async def test_an_error_answer_carries_the_request_id(worker):

@@ -90,13 +90,17 @@ BAD = [
     ({"query": QUERY, "documents": "a"}, "documents"),
     ({"query": QUERY, "documents": ["a", 7]}, "documents[1]"),
     ({"query": QUERY, "documents": ["a", "  "]}, "documents[1]"),
-    ({"query": QUERY, "documents": [{"text": "a"}]}, "documents[0]"),
+    ({"query": QUERY, "documents": [{"title": "a"}]}, "documents[0].text"),
+    ({"query": QUERY, "documents": [{"text": 3}]}, "documents[0].text"),
+    ({"query": QUERY, "documents": ["a"], "max_chunks_per_doc": 0}, "max_chunks_per_doc"),
+    ({"query": QUERY, "documents": ["a"], "truncation_direction": "up"}, "truncation_direction"),
     ({"query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": QUERY, "documents": ["a"], "top_n": "2"}, "top_n"),
     ({"query": QUERY, "documents": ["a"], "top_n": True}, "top_n"),
     ({"query": QUERY, "documents": ["a"], "top_n": 1.5}, "top_n"),
     ({"query": QUERY, "documents": ["a"], "return_documents": "yes"}, "return_documents"),
-    ({"query": QUERY, "documents": ["a"], "rank_fields": ["x"]}, "rank_fields"),
+    ({"query": QUERY, "documents": ["a"], "rank_fields": ["x", "y"]}, "rank_fields"),
+    ({"query": QUERY, "documents": ["a"], "rank_fields": "text"}, "rank_fields"),
     ({"query": QUERY, "documents": ["a"], "model": 3}, "model"),
 ]
 
@@ -154,3 +158,30 @@ async def test_a_model_without_a_single_output_head_is_400_saying_so(tmp_path):
         ) as service:
             status, answer = await post(service, "/v1/rerank", {"query": QUERY, "documents": ["a"]})
         assert status == 400 and says in answer["error"]["message"], answer
+
+
+async def test_cohere_and_jina_documents_and_fields(reranker):
+    """Documents as `{text}` objects (Jina, Cohere v1) or picked by `rank_fields`; Cohere's
+    `max_chunks_per_doc` and `max_tokens_per_doc` are accepted and change nothing."""
+    _, plain = await post(reranker, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    objects = [{"text": d} for d in DOCUMENTS]
+    status, answer = await post(
+        reranker,
+        "/v1/rerank",
+        {"query": QUERY, "documents": objects, "return_documents": True,
+         "max_chunks_per_doc": 3, "max_tokens_per_doc": 4096},
+    )  # fmt: skip
+    assert status == 200, answer
+    assert [r["relevance_score"] for r in answer["results"]] == [
+        r["relevance_score"] for r in plain["results"]
+    ]
+    assert all(r["document"] == objects[r["index"]] for r in answer["results"])
+    titled = [{"title": d, "id": i} for i, d in enumerate(DOCUMENTS)]
+    status, answer = await post(
+        reranker,
+        "/v1/rerank",
+        {"query": QUERY, "documents": titled, "rank_fields": ["title"], "return_documents": True},
+    )
+    assert status == 200, answer
+    assert answer["results"][0]["relevance_score"] == plain["results"][0]["relevance_score"]
+    assert answer["results"][0]["document"] == titled[answer["results"][0]["index"]]
