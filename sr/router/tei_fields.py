@@ -84,7 +84,8 @@ def refuse_prompt(body: dict[str, Any]) -> None:
     if body.get("prompt_name") is not None:
         raise InvalidRequest(
             "prompt_name: not supported on /tokenize; sr tokenizes each text as sent (the "
-            "prompts apply on /embed, /embed_sparse and /embed_all): put the prompt in the text"
+            "prompts apply on /embed, /embed_sparse, /embed_all and /similarity): put the "
+            "prompt in the text"
         )
 
 
