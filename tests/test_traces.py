@@ -95,13 +95,18 @@ def test_a_full_queue_logs_one_drop_then_mutes_the_processors_logger():
     from sr.traces import _BATCH_PROCESSOR_LOGGER, _quiet_drops
 
     logger = logging.getLogger(_BATCH_PROCESSOR_LOGGER)
+    # Another test in this process may have opened a tracer already: start from a bare
+    # logger and put back what was there.
+    saved_filters, saved_level = list(logger.filters), logger.level
+    logger.filters.clear()
+    logger.setLevel(logging.NOTSET)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     _quiet_drops()
     _quiet_drops()  # once per logger, however many tracers a process opens
     try:
         assert len(logger.filters) == 1
-        seen: list[str] = []
-        handler = logging.Handler()
-        handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
         logger.addHandler(handler)
         logger.warning("Queue full, dropping %s.", "Span")
         logger.warning("Queue full, dropping %s.", "Span")
@@ -109,5 +114,5 @@ def test_a_full_queue_logs_one_drop_then_mutes_the_processors_logger():
         assert not logger.isEnabledFor(logging.WARNING)
     finally:
         logger.removeHandler(handler)
-        logger.filters.clear()
-        logger.setLevel(logging.NOTSET)
+        logger.filters[:] = saved_filters
+        logger.setLevel(saved_level)
