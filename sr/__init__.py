@@ -18,18 +18,18 @@ _LAZY = {
     "Supervisor": "sr.pool.supervisor",
     "serve": "sr.router.serve",
     "ServingRouter": "sr.router.serve",
-    "Classification": "sr.api",
-    "Classifications": "sr.api",
-    "Decision": "sr.api",
-    "Decisions": "sr.api",
-    "Embeddings": "sr.api",
-    "Question": "sr.api",
-    "RerankResult": "sr.api",
-    "Reranking": "sr.api",
-    "Usage": "sr.api",
+    "Classification": "sr.api.results",
+    "Classifications": "sr.api.results",
+    "Decision": "sr.api.results",
+    "Decisions": "sr.api.results",
+    "Embeddings": "sr.api.results",
+    "Question": "sr.api.results",
+    "RerankResult": "sr.api.results",
+    "Reranking": "sr.api.results",
+    "Usage": "sr.api.results",
 }
 # Spelt out, not built from _LAZY: type checkers read __all__ to know what sr re-exports.
-__all__ = [
+__all__ = [  # noqa: F405 (the result classes come from a star import, below)
     "Classification",
     "Classifications",
     "Decision",
@@ -47,17 +47,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from sr.api import (
-        Classification,
-        Classifications,
-        Decision,
-        Decisions,
-        Embeddings,
-        Question,
-        Reranking,
-        RerankResult,
-        Usage,
-    )
+    from sr.api.results import *  # noqa: F403 (the result classes: its __all__)
     from sr.pool.supervisor import Supervisor, open_router
     from sr.router.serve import ServingRouter, serve
 else:

@@ -100,9 +100,8 @@ import re
 
 import attrs
 
+from sr.answer import JSON_CONTENT_TYPE, Answer, HeadFields
 from sr.request_id import current as current_request_id
-
-JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 
 class SrError(Exception):
@@ -171,6 +170,15 @@ class RequestError(SrError):
     names_field: bool = False
     default_param: str | None = None
 
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None) -> None:
+        """A subclass's status and code, given in its class line:
+        `class NotFound(RequestError, status=404, code="not_found")`."""
+        super().__init_subclass__()
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
+
     def __init__(
         self,
         message: str,
@@ -205,7 +213,7 @@ class RequestError(SrError):
     def body(self) -> bytes:
         return json.dumps({"error": self.to_dict()}).encode()
 
-    def header_fields(self) -> list[tuple[bytes, bytes]]:
+    def header_fields(self) -> HeadFields:
         """The error's own headers (Retry-After, Allow, WWW-Authenticate) as an answer's
         head carries them: lower-case names, latin-1 bytes."""
         return [
@@ -213,14 +221,18 @@ class RequestError(SrError):
             for name, value in self.headers.items()
         ]
 
-    def answer(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def answer(self) -> Answer:
         """The error on the wire, whole: status, head (JSON, then `header_fields`) and body.
-        The one writer of an error's answer; an ASGI app sends the same parts."""
+        The one writer of an error's answer, wherever sr answers one (the HTTP driver, the
+        ASGI adapter, a worker's routes, the router's fronts); an ASGI app sends the same
+        parts. Extra head fields (Allow, Retry-After, WWW-Authenticate) travel in the
+        error's own `headers`."""
         return self.status, [JSON_CONTENT_TYPE, *self.header_fields()], self.body()
 
 
-class InvalidRequest(RequestError):
-    status, code = 400, "invalid_request"
+# Each class is one row: its status and code (`__init_subclass__`), what it is for when the
+# name does not say it.
+class InvalidRequest(RequestError, status=400, code="invalid_request"):
     names_field = True
 
 
@@ -228,99 +240,74 @@ class EmptyInput(InvalidRequest):
     """TEI's `Empty` (400): an empty batch, or a text with nothing in it (sr.router.tei)."""
 
 
-class InvalidConfig(RequestError):
-    status, code = 400, "invalid_config"
+class InvalidConfig(RequestError, status=400, code="invalid_config"): ...
 
 
-class InvalidApiKey(RequestError):
-    status, code = 401, "invalid_api_key"
+class InvalidApiKey(RequestError, status=401, code="invalid_api_key"): ...
 
 
-class Forbidden(RequestError):
-    status, code = 403, "forbidden"
+class Forbidden(RequestError, status=403, code="forbidden"): ...
 
 
-class NotFound(RequestError):
-    status, code = 404, "not_found"
+class NotFound(RequestError, status=404, code="not_found"): ...
 
 
-class ModelNotFound(RequestError):
-    status, code = 404, "model_not_found"
+class ModelNotFound(RequestError, status=404, code="model_not_found"):
     default_param = "model"
 
 
-class HeadReadTimeout(RequestError):
-    status, code = 408, "request_timeout"
+class HeadReadTimeout(RequestError, status=408, code="request_timeout"): ...
 
 
-class BodyReadTimeout(RequestError):
-    status, code = 408, "request_timeout"
+class BodyReadTimeout(RequestError, status=408, code="request_timeout"): ...
 
 
-class ReplicaNotFound(RequestError):
-    status, code = 404, "replica_not_found"
+class ReplicaNotFound(RequestError, status=404, code="replica_not_found"): ...
 
 
-class MethodNotAllowed(RequestError):
-    status, code = 405, "method_not_allowed"
+class MethodNotAllowed(RequestError, status=405, code="method_not_allowed"): ...
 
 
-class ReloadRejected(RequestError):
-    status, code = 409, "reload_failed"
+class ReloadRejected(RequestError, status=409, code="reload_failed"): ...
 
 
-class ReloadInProgress(ReloadRejected):
-    code = "reload_in_progress"
+class ReloadInProgress(ReloadRejected, code="reload_in_progress"): ...
 
 
-class ReloadUnavailable(ReloadRejected):
-    code = "reload_unavailable"
+class ReloadUnavailable(ReloadRejected, code="reload_unavailable"): ...
 
 
-class RequestTooLarge(RequestError):
-    status, code = 413, "request_too_large"
+class RequestTooLarge(RequestError, status=413, code="request_too_large"):
     names_field = True
 
 
-class UnsupportedMediaType(RequestError):
-    status, code = 415, "unsupported_media_type"
+class UnsupportedMediaType(RequestError, status=415, code="unsupported_media_type"): ...
 
 
-class HeadersTooLarge(RequestError):
+class HeadersTooLarge(RequestError, status=431, code="request_header_fields_too_large"):
     """A request head (or trailers) over the cap (sr.http.limits); the connection closes."""
 
-    status, code = 431, "request_header_fields_too_large"
 
-
-class ForwardFailed(RequestError):
+class ForwardFailed(RequestError, status=500, code="worker_failed"):
     """A forward raised on a worker's device thread; the worker keeps serving."""
 
-    status, code = 500, "worker_failed"
+
+class WorkerFailed(RequestError, status=502, code="worker_failed"): ...
 
 
-class WorkerFailed(RequestError):
-    status, code = 502, "worker_failed"
-
-
-class Overloaded(RequestError):
-    status, code = 503, "overloaded"
-
+class Overloaded(RequestError, status=503, code="overloaded"):
     def __init__(self, message: str, *, retry_after_s: int = 1):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
-class Unavailable(RequestError):
-    status, code = 503, "unavailable"
+class Unavailable(RequestError, status=503, code="unavailable"): ...
 
 
-class DeadlineExceeded(RequestError):
-    status, code = 504, "timeout"
+class DeadlineExceeded(RequestError, status=504, code="timeout"): ...
 
 
-class VersionNotSupported(RequestError):
+class VersionNotSupported(RequestError, status=505, code="http_version_not_supported"):
     """A request line naming an HTTP version other than 1.0 and 1.1 (0.9, 2.0, ...)."""
-
-    status, code = 505, "http_version_not_supported"
 
 
 # -- transport failures, by phase --------------------------------------------------------

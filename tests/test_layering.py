@@ -16,8 +16,9 @@ import sr
 
 # The layers, bottom to top: a module may import its own layer and those below it.
 # - base: services every room uses (errors, events, logs, request ids, the settings read
-#   from the environment) and the small shared pieces (the LRU, the error-answer reader,
-#   Prometheus text, thread budgets); `sr` is here for `__version__`, its lazy names aside.
+#   from the environment, the shape of an HTTP answer) and the small shared pieces (the
+#   LRU, the error-answer reader, Prometheus text, thread budgets); `sr` is here for
+#   `__version__`, its lazy names aside.
 # - http: the HTTP/1.1 stack, for the router's front door, the workers and the client.
 # - config and devices: the schema, its validation and placement over the host's devices.
 # - models, then worker: the families, and the process that serves one of them.
@@ -27,6 +28,7 @@ import sr
 LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "sr",
+        "sr.answer",
         "sr.errors",
         "sr.events",
         "sr.logs",

@@ -339,10 +339,14 @@ def test_import_sr_is_cheap_and_the_lazy_table_matches_what_type_checkers_see():
         if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
     )
     seen = {
-        alias.name: node.module
+        name: node.module
         for node in checked.body
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
+        # A star import brings the module's __all__.
+        for name in (
+            importlib.import_module(node.module).__all__ if alias.name == "*" else [alias.name]
+        )
     }
     assert seen == sr._LAZY
     assert sorted(sr.__all__) == sorted([*sr._LAZY, "__version__"])

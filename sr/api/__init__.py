@@ -6,26 +6,5 @@ typed helpers over the pool's dispatch, held by sr.pool.supervisor.Supervisor).
 Importing this package loads the result classes only (attrs): `import sr` stays cheap.
 """
 
-from sr.api.results import (
-    Classification,
-    Classifications,
-    Decision,
-    Decisions,
-    Embeddings,
-    Question,
-    Reranking,
-    RerankResult,
-    Usage,
-)
-
-__all__ = [
-    "Classification",
-    "Classifications",
-    "Decision",
-    "Decisions",
-    "Embeddings",
-    "Question",
-    "RerankResult",
-    "Reranking",
-    "Usage",
-]
+# The result classes, re-exported by the star import (type checkers read results.__all__).
+from sr.api.results import *  # noqa: F403

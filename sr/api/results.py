@@ -18,6 +18,19 @@ from typing import Any
 
 import attrs
 
+# The result classes; sr.api and sr re-export exactly these.
+__all__ = [
+    "Classification",
+    "Classifications",
+    "Decision",
+    "Decisions",
+    "Embeddings",
+    "Question",
+    "RerankResult",
+    "Reranking",
+    "Usage",
+]
+
 
 @attrs.frozen
 class Usage:

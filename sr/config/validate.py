@@ -7,7 +7,7 @@ Type and unknown-key problems are found earlier, on the raw YAML, by `sr.config.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from sr.config.engine import MIN_MAX_TOKENS, onnx_engine_problem
 from sr.config.schema import (
@@ -45,21 +45,38 @@ def device_error(device: str) -> str | None:
 
 def endpoint_error(endpoint: str) -> str | None:
     """Why `endpoint` is not an http(s)://host:port URL, or None when it is."""
-    try:
-        parts = urlsplit(endpoint)
-        port = parts.port
-    except ValueError as exc:
-        return f"invalid endpoint {endpoint!r}: {exc}"
+    split = _split_url("endpoint", endpoint)
+    if isinstance(split, str):
+        return split
+    parts, port = split
     if parts.scheme not in ("http", "https"):
         return f"invalid endpoint {endpoint!r}; expected http://HOST:PORT or https://HOST:PORT"
     if not parts.hostname:
         return f"invalid endpoint {endpoint!r}: missing host"
+    return _port_error("endpoint", endpoint, port, "", parts)
+
+
+def _split_url(kind: str, value: str) -> tuple[SplitResult, int | None] | str:
+    """The parts and port of a worker's URL (`kind`: endpoint, discover), or why they
+    cannot be read."""
+    try:
+        parts = urlsplit(value)
+        return parts, parts.port
+    except ValueError as exc:
+        return f"invalid {kind} {value!r}: {exc}"
+
+
+def _port_error(
+    kind: str, value: str, port: int | None, why: str, parts: SplitResult
+) -> str | None:
+    """Why a worker's URL has no usable port (`why` says what the port is), or carries
+    what a worker's address must not (credentials, a query, a fragment)."""
     if port is None:
-        return f"invalid endpoint {endpoint!r}: missing port (e.g. {endpoint.rstrip('/')}:8100)"
+        return f"invalid {kind} {value!r}: missing port{why} (e.g. {value.rstrip('/')}:8100)"
     if port == 0:
-        return f"invalid endpoint {endpoint!r}: port must be 1..65535"
+        return f"invalid {kind} {value!r}: port must be 1..65535"
     if parts.username or parts.password or parts.query or parts.fragment:
-        return f"invalid endpoint {endpoint!r}: credentials, query and fragment are not allowed"
+        return f"invalid {kind} {value!r}: credentials, query and fragment are not allowed"
     return None
 
 
@@ -70,11 +87,10 @@ MAX_REFRESH_S = 86_400
 
 def discover_error(discover: str) -> str | None:
     """Why `discover` is not a dns://HOST:PORT name to resolve, or None when it is."""
-    try:
-        parts = urlsplit(discover)
-        port = parts.port
-    except ValueError as exc:
-        return f"invalid discover {discover!r}: {exc}"
+    split = _split_url("discover", discover)
+    if isinstance(split, str):
+        return split
+    parts, port = split
     if parts.scheme not in DISCOVER_SCHEMES:
         return (
             f"invalid discover {discover!r}: unknown scheme {parts.scheme or '(none)'!r};"
@@ -82,15 +98,8 @@ def discover_error(discover: str) -> str | None:
         )
     if not parts.hostname:
         return f"invalid discover {discover!r}: missing host; expected dns://HOST:PORT"
-    if port is None:
-        return (
-            f"invalid discover {discover!r}: missing port, the port the workers listen on"
-            f" (e.g. {discover.rstrip('/')}:8100)"
-        )
-    if port == 0:
-        return f"invalid discover {discover!r}: port must be 1..65535"
-    if parts.username or parts.password or parts.query or parts.fragment:
-        return f"invalid discover {discover!r}: credentials, query and fragment are not allowed"
+    if error := _port_error("discover", discover, port, ", the port the workers listen on", parts):
+        return error
     if parts.path not in ("", "/"):
         return f"invalid discover {discover!r}: a path is not allowed; expected dns://HOST:PORT"
     return None
@@ -217,20 +226,12 @@ def _check_outlier(od: OutlierDetection, path: str, issues: list[ConfigIssue]) -
                 f"must be 0 (ejection off) or more, got {od.consecutive_timeouts}",
             )
         )
-    if not 0 < od.base_ejection_ms <= EJECTION_CAP_MS:
-        issues.append(
-            ConfigIssue(
-                f"{path}.base_ejection_ms",
-                f"must be 1..{EJECTION_CAP_MS}, got {od.base_ejection_ms}",
+    for name, low in (("base_ejection_ms", 1), ("min_deadline_ms", 0)):
+        value = getattr(od, name)
+        if not low <= value <= EJECTION_CAP_MS:
+            issues.append(
+                ConfigIssue(f"{path}.{name}", f"must be {low}..{EJECTION_CAP_MS}, got {value}")
             )
-        )
-    if not 0 <= od.min_deadline_ms <= EJECTION_CAP_MS:
-        issues.append(
-            ConfigIssue(
-                f"{path}.min_deadline_ms",
-                f"must be 0..{EJECTION_CAP_MS}, got {od.min_deadline_ms}",
-            )
-        )
     if od.max_ejection_ms is not None:
         if od.max_ejection_ms > EJECTION_CAP_MS:
             issues.append(

@@ -12,6 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from sr.answer import Answer
 from sr.errors import InvalidRequest, RequestError
 from sr.http import body as body_reader
 from sr.http.body import ClientDisconnected
@@ -22,7 +23,6 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = MAX_BODY_BYTES
 BODY_READ_TIMEOUT_S = BODY_TIMEOUT_S
-JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 
 __all__ = ["ClientDisconnected", "read_body", "request_headers", "send_error", "send_json"]
 
@@ -98,6 +98,14 @@ async def send_json(send: Send, status: int, payload: Any) -> None:
     await send_response(send, status, json.dumps(payload, separators=(",", ":")).encode())
 
 
+async def send_answer(send: Send, answer: Answer) -> None:
+    """An answer whole (sr.answer) as the two ASGI messages, its length declared."""
+    status, head, body = answer
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": status, "headers": [*head, length]})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def send_error(send: Send, error: RequestError) -> None:
-    """`error.answer()`'s parts (sr.errors), the JSON content type written here."""
-    await send_response(send, error.status, error.body(), error.header_fields())
+    """The error's one answer, `error.answer()` (sr.errors)."""
+    await send_answer(send, error.answer())

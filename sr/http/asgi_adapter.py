@@ -28,11 +28,12 @@ from typing import Any
 
 import trio
 
+from sr.answer import Answer
 from sr.errors import RequestError
 from sr.http import hang_up
 from sr.http.body import COMPLETE_BODY_EXTENSION
 from sr.http.connection import CLOSED, END, NEED_DATA, State
-from sr.http.driver import Connection, PeerGone, Response, error_answer
+from sr.http.driver import Connection, PeerGone, error_answer
 from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
 
@@ -53,7 +54,7 @@ class LifespanFailed(Exception):
 class AsgiAdapter:
     """`crash_answer`: the answer when the app fails before answering (500)."""
 
-    def __init__(self, app: AsgiApp, *, crash_answer: Response | None = None):
+    def __init__(self, app: AsgiApp, *, crash_answer: Answer | None = None):
         self.app = app
         self.crash_answer = crash_answer or error_answer(
             RequestError("the server failed to answer")
@@ -126,7 +127,7 @@ class _Exchange:
     once the app sends its last body message (the router's answers are small and never
     streamed), so an app that fails half-way still gets a clean 500."""
 
-    def __init__(self, connection: Connection, request: RequestHead, crash: Response) -> None:
+    def __init__(self, connection: Connection, request: RequestHead, crash: Answer) -> None:
         self.connection = connection
         self.request = request
         self.crash = crash

@@ -126,6 +126,9 @@ class Http1Pool:
             conn.close()
         return status, headers, body
 
+    # The name the pool's transports answer to (sr.pool.transport.Transport).
+    exchange = request
+
     def _request_bytes(
         self,
         method: str,

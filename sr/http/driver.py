@@ -32,6 +32,7 @@ from urllib.parse import unquote_to_bytes
 
 import trio
 
+from sr.answer import Answer, HeadFields
 from sr.errors import HeadReadTimeout, InvalidRequest, RequestError
 from sr.http import sockio
 from sr.http.body import read_body
@@ -41,9 +42,8 @@ from sr.http.limits import HttpLimits
 from sr.http.parse import RequestHead
 from sr.http.wire import InvalidAnswer
 
-Response = tuple[int, list[tuple[bytes, bytes]], bytes]
 # (method, path, body, the request's headers: lower-case names, in arrival order)
-Handler = Callable[[str, str, bytes, list[tuple[bytes, bytes]]], Awaitable[Response]]
+Handler = Callable[[str, str, bytes, HeadFields], Awaitable[Answer]]
 
 
 class Adapter(Protocol):
@@ -69,8 +69,8 @@ class ServerContext(Protocol):
     handler: Handler | None
     adapter: Adapter | None
     after_answer: Callable[[], None] | None
-    error_answer: Callable[[RequestError], Response]
-    crash_answer: Response
+    error_answer: Callable[[RequestError], Answer]
+    crash_answer: Answer
 
 
 _log = logging.getLogger("sr.http")
@@ -83,7 +83,7 @@ _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, zero seconds
 _BODY_END = {"type": "http.request", "body": b"", "more_body": False}
 
 
-def error_answer(error: RequestError) -> Response:
+def error_answer(error: RequestError) -> Answer:
     """sr's one error shape (sr.errors), for the router and the workers alike."""
     return error.answer()
 
@@ -125,7 +125,7 @@ class Connection:
         if self.idle_until is not None:
             self._close_idle()
 
-    def reclaim(self, answer: Response) -> None:
+    def reclaim(self, answer: Answer) -> None:
         """Room needed at the connection cap, for a connection waiting for its caller: it
         closes now, from the server's task, without waiting for anything. With no byte of
         a next request it closes quietly (as at shutdown); in the middle of a request it is

@@ -52,6 +52,7 @@ from typing import Protocol, TypeVar
 
 import trio
 
+from sr.answer import Answer
 from sr.errors import Overloaded, RequestError
 from sr.http import hang_up, sockio
 from sr.http.connection import ServerConnection
@@ -61,12 +62,11 @@ from sr.http.driver import (
     Connection,
     Handler,
     PeerGone,
-    Response,
     error_answer,
 )
 from sr.http.limits import HttpLimits
 
-__all__ = ["Adapter", "H1Server", "Handler", "Response", "error_answer", "open_listeners"]
+__all__ = ["Adapter", "H1Server", "Handler", "error_answer", "open_listeners"]
 
 _log = logging.getLogger("sr.http")
 # accept() failures that mean "out of resources for now", not "listener broken".
@@ -99,8 +99,8 @@ class H1Server:
         adapter: Adapter | None = None,
         after_answer: Callable[[], None] | None = None,
         hang_up_interval_s: float = hang_up.DEFAULT_INTERVAL_S,
-        error_answer: Callable[[RequestError], Response] = error_answer,
-        crash_answer: Response | None = None,
+        error_answer: Callable[[RequestError], Answer] = error_answer,
+        crash_answer: Answer | None = None,
     ) -> None:
         if (handler is None) == (adapter is None):
             raise ValueError("H1Server serves exactly one of handler or adapter")
@@ -259,7 +259,7 @@ def longest_waiting(connections: Iterable[W]) -> W | None:
 _TOO_MANY = Overloaded("too many open connections; retry shortly")
 
 
-async def _turn_away(stream: trio.abc.Stream, answer: Response) -> None:
+async def _turn_away(stream: trio.abc.Stream, answer: Answer) -> None:
     """503 to a connection over the cap, without reading its request, then close. A fresh
     connection's send buffer is empty, so the write never waits; what the caller already
     sent is drained once (without waiting) so that closing does not reset the connection

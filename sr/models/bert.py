@@ -21,36 +21,34 @@ from sr.models.blocks import (
     PackedEncoder,
     attention,
     head_geometry,
+    joined_qkv,
+    linear_at,
     post_norm_feed_forward,
-    strip_prefix,
     take,
-    weights_on,
+    weight_and_bias,
 )
-from sr.models.heads import SEQUENCE, TOKEN, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.heads import TOKEN, architectures_of
+from sr.models.linear import Linear
 
 
-class _Layer:
-    """One transformer block's products and norms (query/key/value joined in one product)."""
+class PostNormLayer:
+    """One post-norm transformer block's products and norms, as BERT-shaped families name
+    them: query/key/value joined in one product (`qkv`, three names), the attention's
+    output product (`out`) and LayerNorm (`norm`), then BERT's GELU feed-forward."""
 
     __slots__ = ("ffn_in", "ffn_out", "ln1", "ln2", "out", "qkv")
 
-    def __init__(self, w: dict[str, torch.Tensor], p: str, put, kernel: str):
-        attn = f"{p}.attention"
-        # Joined once into one [3H, H] tensor, then multiplied as its three row blocks on
-        # BLAS (as before the kernel seam: the same bits) or as one product on oneDNN.
-        names = ("query", "key", "value")
-        qkv_w = put(torch.cat([take(w, f"{attn}.self.{n}.weight") for n in names]))
-        qkv_b = put(torch.cat([take(w, f"{attn}.self.{n}.bias") for n in names]))
-        self.qkv = Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)),
-                                 kernel=kernel)  # fmt: skip
-        self.out = Linear(put(take(w, f"{attn}.output.dense.weight")),
-                          put(take(w, f"{attn}.output.dense.bias")), kernel=kernel)  # fmt: skip
-        self.ln1 = (
-            put(take(w, f"{attn}.output.LayerNorm.weight")),
-            put(take(w, f"{attn}.output.LayerNorm.bias")),
-        )
+    def __init__(self, w, p: str, put, kernel: str, qkv: list[str], out: str, norm: str):
+        self.qkv = joined_qkv(w, qkv, put, kernel)
+        self.out = linear_at(w, out, put, kernel)
+        self.ln1 = weight_and_bias(w, norm, put)
         self.ffn_in, self.ffn_out, self.ln2 = post_norm_feed_forward(w, p, put, kernel)
+
+    @classmethod
+    def bert(cls, w, p: str, put, kernel: str) -> PostNormLayer:
+        attn = f"{p}.attention"
+        qkv = [f"{attn}.self.{n}" for n in ("query", "key", "value")]
+        return cls(w, p, put, kernel, qkv, f"{attn}.output.dense", f"{attn}.output.LayerNorm")
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.out, self.ffn_in, self.ffn_out]
@@ -59,37 +57,20 @@ class _Layer:
 class BertEncoder(PackedEncoder):
     """Hidden states of packed rows, plus the head config.json names, if any."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "BertModel": None,
-        "BertForSequenceClassification": SEQUENCE,
-        "BertForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("Bert")
     prefix = "bert."
     # Position ids of a row start here: 0 for BERT; padding_idx + 1 for RoBERTa.
     position_offset_from_padding = False
     # A pair's second text at token type 1: BERT's tokenizers give it, RoBERTa's give no
     # token types at all (transformers then feeds type 0 everywhere).
     second_text_type = True
+    sequence_head = ("pooler.dense", "classifier")
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
-        if config.get("hidden_act", "gelu") != "gelu":
-            raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
         if config.get("position_embedding_type", "absolute") != "absolute":
             raise UnsupportedModel("only absolute position embeddings are supported")
-        weights = strip_prefix(weights, self.prefix)
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
-
-        put = weights_on(device, dtype)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]
@@ -104,39 +85,14 @@ class BertEncoder(PackedEncoder):
         self.position_type = put(
             torch.cat([table[offset:] + types[t] for t in range(self.token_types)])
         )
-        self.emb_ln = (
-            put(take(weights, "embeddings.LayerNorm.weight")),
-            put(take(weights, "embeddings.LayerNorm.bias")),
-        )
+        self.emb_ln = weight_and_bias(weights, "embeddings.LayerNorm", put)
         count = int(config["num_hidden_layers"])
         linear = self.kernel.linear
-        self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
-        self.positions = torch.arange(self.max_positions, device=device)
-        self.has_head = self._load_head(config, weights, put)
-
-    def _load_head(self, config: dict, weights, put) -> bool:
-        unnamed = SEQUENCE if "classifier.weight" in weights else None
-        head = named_head(config, self.architectures, unnamed)
-        if head == TOKEN:
-            self._set_token_head(weights, put, "classifier")
-        elif head == SEQUENCE:
-            self._set_head(weights, put, "pooler.dense", "classifier")
-        return head is not None
-
-    def _set_head(self, weights, put, dense: str, out: str) -> None:
-        linear = self.kernel.linear
-        self.head_dense = Linear(put(take(weights, f"{dense}.weight")),
-                                 put(take(weights, f"{dense}.bias")), kernel=linear)  # fmt: skip
-        self.head_out = Linear(put(take(weights, f"{out}.weight")),
-                               put(take(weights, f"{out}.bias")), kernel=linear)  # fmt: skip
-        self.num_labels = self.head_out.out_features
-
-    def _set_token_head(self, weights, put, out: str) -> None:
-        self.head_task = TOKEN
-        self.head_out = Linear(put(take(weights, f"{out}.weight")),
-                               put(take(weights, f"{out}.bias")),
-                               kernel=self.kernel.linear)  # fmt: skip
-        self.num_labels = self.head_out.out_features
+        self.layers = [
+            PostNormLayer.bert(weights, f"encoder.layer.{i}", put, linear) for i in range(count)
+        ]
+        self.positions = torch.arange(self.max_positions, device=self.device)
+        self.has_head = self._load_linear_head(config, weights, put)
 
     def linears(self) -> list[Linear]:
         return self.layers[0].linears() + head_linears(self)
@@ -162,7 +118,7 @@ class BertEncoder(PackedEncoder):
 def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) -> torch.Tensor:
     """BERT's block stack (attention, add & LayerNorm, GELU feed-forward, add & LayerNorm)
     over embedded packed rows x [T, H]; MPNet runs the same stack with its position bias
-    as `mask_for`. `encoder` has `layers` (of `_Layer` slots), heads, scale and eps."""
+    as `mask_for`. `encoder` has `layers` (of `PostNormLayer` slots), heads, scale and eps."""
     hidden_size, eps = encoder.hidden_size, encoder.eps
     tokens = x.shape[0]
     pad = encoder.padded_rows(tokens)
@@ -205,23 +161,8 @@ class RobertaEncoder(BertEncoder):
     transformers' `create_position_ids_from_input_ids` gives a row without padding), one
     token type, and a classifier of its own (`classifier.dense`, `classifier.out_proj`)."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "RobertaModel": None,
-        "RobertaForSequenceClassification": SEQUENCE,
-        "RobertaForTokenClassification": TOKEN,
-        "XLMRobertaModel": None,
-        "XLMRobertaForSequenceClassification": SEQUENCE,
-        "XLMRobertaForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("Roberta", "XLMRoberta")
     prefix = "roberta."
     position_offset_from_padding = True
     second_text_type = False
-
-    def _load_head(self, config: dict, weights, put) -> bool:
-        unnamed = SEQUENCE if "classifier.out_proj.weight" in weights else None
-        head = named_head(config, self.architectures, unnamed)
-        if head == TOKEN:
-            self._set_token_head(weights, put, "classifier")
-        elif head == SEQUENCE:
-            self._set_head(weights, put, "classifier.dense", "classifier.out_proj")
-        return head is not None
+    sequence_head = ("classifier.dense", "classifier.out_proj")

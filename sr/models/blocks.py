@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.linear import KernelChoice, Linear, cut_off
+from sr.models.heads import SEQUENCE, TOKEN, named_head
+from sr.models.linear import KernelChoice, Linear, choose_kernel, cut_off
 
 # An attention mask for rows of one length: None, or a bool [L, L] (True: may attend) or an
 # additive float [heads or 1, L, L], as F.scaled_dot_product_attention takes it.
@@ -251,18 +252,32 @@ def _traced_attention(q, k, v, mask, scale, causal, length) -> torch.Tensor:
     return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2)
 
 
+def weight_and_bias(w, name: str, put) -> tuple[torch.Tensor, torch.Tensor]:
+    """`name.weight` and `name.bias`, stored as the family stores weights (a LayerNorm's
+    pair, or a product's)."""
+    return put(take(w, f"{name}.weight")), put(take(w, f"{name}.bias"))
+
+
+def linear_at(w, name: str, put, kernel: str, activation: str | None = None) -> Linear:
+    """The product `name` (its weight and bias) on `kernel`."""
+    return Linear(*weight_and_bias(w, name, put), kernel=kernel, activation=activation)
+
+
+def joined_qkv(w, names: list[str], put, kernel: str) -> Linear:
+    """Query, key and value products `names` joined once into one [3H, H] tensor, then
+    multiplied as its three row blocks on BLAS or as one product on oneDNN."""
+    qkv_w = put(torch.cat([take(w, f"{n}.weight") for n in names]))
+    qkv_b = put(torch.cat([take(w, f"{n}.bias") for n in names]))
+    return Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)), kernel=kernel)
+
+
 def post_norm_feed_forward(w, p: str, put, kernel: str) -> tuple[Linear, Linear, tuple]:
     """BERT's feed-forward of layer `p` as BERT-shaped families name it: (the GELU product
     `intermediate.dense`, whose GELU runs inside it on oneDNN; `output.dense`; the
     `output.LayerNorm` weight and bias)."""
-    ffn_in = Linear(put(take(w, f"{p}.intermediate.dense.weight")),
-                    put(take(w, f"{p}.intermediate.dense.bias")),
-                    kernel=kernel, activation="gelu")  # fmt: skip
-    ffn_out = Linear(put(take(w, f"{p}.output.dense.weight")),
-                     put(take(w, f"{p}.output.dense.bias")), kernel=kernel)  # fmt: skip
-    norm = (put(take(w, f"{p}.output.LayerNorm.weight")),
-            put(take(w, f"{p}.output.LayerNorm.bias")))  # fmt: skip
-    return ffn_in, ffn_out, norm
+    ffn_in = linear_at(w, f"{p}.intermediate.dense", put, kernel, activation="gelu")
+    ffn_out = linear_at(w, f"{p}.output.dense", put, kernel)
+    return ffn_in, ffn_out, weight_and_bias(w, f"{p}.output.LayerNorm", put)
 
 
 # transformers' ACT2FN names whose modules call exactly these torch functions.
@@ -284,6 +299,25 @@ def activation_of(config: dict, key: str, default: str = "gelu"):
             f"{key} {name!r} is not supported (supported: {', '.join(sorted(ACTIVATIONS))})"
         )
     return ACTIVATIONS[name]
+
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def layer_kinds(config: dict, count: int, every_key: str, every: int, last: bool) -> list[str]:
+    """Each layer's kind (FULL or SLIDING attention): config.json's `layer_types`, else
+    one full layer in each `every_key` layers (default `every`), the first of each run
+    or the `last`: how transformers derives `layer_types` for ModernBERT and Gemma3."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        every = int(config.get(every_key, every))
+        if every < 1:
+            raise UnsupportedModel(f"{every_key} {every} is not supported")
+        full_at = every - 1 if last else 0
+        kinds = [FULL if i % every == full_at else SLIDING for i in range(count)]
+    if len(kinds) != count or any(kind not in (FULL, SLIDING) for kind in kinds):
+        raise UnsupportedModel(f"layer_types {kinds!r} is not supported")
+    return list(kinds)
 
 
 def window_masks(window: int, device: torch.device) -> MaskFor:
@@ -353,9 +387,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class PackedEncoder(abc.ABC):
     """What every family shares: the device, the kernel of its products, the cut-off
-    padding, the position table. Subclasses set `hidden_size`, `device`, `dtype` and
-    `kernel`, list their products' shapes in `linears()` and implement
-    `hidden_states(ids, packed)`.
+    padding, the position table, and the load every family starts with: the constructor
+    refuses what the family cannot compute (`check_config`), sets `device`, `dtype` and
+    `kernel`, strips the backbone's `prefix` and hands the family its own `build` step.
+    Subclasses set `hidden_size` in `build`, list their products' shapes in `linears()`
+    and implement `hidden_states(ids, packed)`.
 
     Heads (sr.models.heads): `architectures` maps the Hugging Face classes a family serves
     to the head each names; `head_task` is what a loaded head answers: "sequence"
@@ -369,6 +405,62 @@ class PackedEncoder(abc.ABC):
     kernel: KernelChoice
     head_task: str = "sequence"
     architectures: ClassVar[dict[str, str | None]] = {}
+    # The backbone's prefix in a checkpoint with a head (`bert.`, `model.`, ...).
+    prefix: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        kernel: KernelChoice | None = None,
+    ):
+        self.check_config(config)
+        self.device, self.dtype = device, dtype
+        self.kernel = kernel or choose_kernel(device, dtype)
+        self.build(config, strip_prefix(weights, self.prefix), weights_on(device, dtype))
+
+    def check_config(self, config: dict) -> None:
+        """Refuse what the family does not compute: by default any activation but BERT's
+        erf GELU."""
+        if config.get("hidden_act", "gelu") != "gelu":
+            raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
+
+    @abc.abstractmethod
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
+        """Load the family's tensors (`weights` without `prefix`; `put` stores one)."""
+
+    # A linear head's sequence products (`_load_linear_head`): dense + activation on each
+    # row's first token, then the output product.
+    sequence_head: ClassVar[tuple[str, str]] = ("classifier.dense", "classifier.out_proj")
+
+    def _unnamed_head(self, weights) -> str | None:
+        """The head of a checkpoint whose config.json names no class: a sequence head when
+        its output product is there."""
+        return SEQUENCE if f"{self.sequence_head[1]}.weight" in weights else None
+
+    def _load_linear_head(self, config: dict, weights, put) -> bool:
+        """The head `architectures` names (or the tensors show): `classifier` on every
+        token, or the two `sequence_head` products; whether there is one."""
+        head = named_head(config, self.architectures, self._unnamed_head(weights))
+        if head == TOKEN:
+            self._set_token_head(weights, put, "classifier")
+        elif head == SEQUENCE:
+            self._set_head(weights, put, *self.sequence_head)
+        return head is not None
+
+    def _set_head(self, weights, put, dense: str, out: str) -> None:
+        """A sequence head of two products, `dense` then `out`."""
+        self.head_dense = linear_at(weights, dense, put, self.kernel.linear)
+        self.head_out = linear_at(weights, out, put, self.kernel.linear)
+        self.num_labels = self.head_out.out_features
+
+    def _set_token_head(self, weights, put, out: str) -> None:
+        """A token head: the product `out` on every token's hidden state."""
+        self.head_task = TOKEN
+        self.head_out = linear_at(weights, out, put, self.kernel.linear)
+        self.num_labels = self.head_out.out_features
 
     @abc.abstractmethod
     def linears(self) -> list[Linear]:

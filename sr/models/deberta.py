@@ -31,13 +31,13 @@ from sr.models.blocks import (
     PackedEncoder,
     activation_of,
     head_geometry,
+    linear_at,
     post_norm_feed_forward,
-    strip_prefix,
     take,
-    weights_on,
+    weight_and_bias,
 )
-from sr.models.heads import SEQUENCE, TOKEN, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.heads import SEQUENCE, TOKEN, architectures_of, named_head
+from sr.models.linear import Linear
 
 _POSITION_ATTENTION = ("c2p", "p2c")
 
@@ -94,10 +94,8 @@ class _Layer:
         qkv_b = [take(w, f"{attn}.self.{n}.bias") for n in names]
         self.qkv = Linear.joined([(put(a), put(b)) for a, b in zip(qkv_w, qkv_b, strict=True)],
                                  kernel=kernel)  # fmt: skip
-        self.out = Linear(put(take(w, f"{attn}.output.dense.weight")),
-                          put(take(w, f"{attn}.output.dense.bias")), kernel=kernel)  # fmt: skip
-        self.ln1 = (put(take(w, f"{attn}.output.LayerNorm.weight")),
-                    put(take(w, f"{attn}.output.LayerNorm.bias")))  # fmt: skip
+        self.out = linear_at(w, f"{attn}.output.dense", put, kernel)
+        self.ln1 = weight_and_bias(w, f"{attn}.output.LayerNorm", put)
         self.ffn_in, self.ffn_out, self.ln2 = post_norm_feed_forward(w, p, put, kernel)
         self.pos_key = self.pos_query = None
         if positions is not None:
@@ -144,25 +142,13 @@ class _PositionTable:
 class DebertaV2Encoder(PackedEncoder):
     """Hidden states of packed rows, plus the head `architectures` names, if any."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "DebertaV2Model": None,
-        "DebertaV2ForSequenceClassification": SEQUENCE,
-        "DebertaV2ForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("DebertaV2")
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
-        if config.get("hidden_act", "gelu") != "gelu":
-            raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
+    prefix = "deberta."
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
         # DeBERTa folders always name their class; none named is the bare model.
         head = named_head(config, self.architectures, None)
-        weights = strip_prefix(weights, "deberta.")
         self.hidden_size, self.num_heads, self.head_dim, _ = head_geometry(config)
         if int(config.get("attention_head_size", self.head_dim)) != self.head_dim:
             raise UnsupportedModel(
@@ -170,10 +156,7 @@ class DebertaV2Encoder(PackedEncoder):
                 "(only hidden_size / num_attention_heads)"
             )
         self.eps = float(config.get("layer_norm_eps", 1e-7))
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
         linear = self.kernel.linear
-        put = weights_on(device, dtype)
 
         kinds = _names(config.get("pos_att_type"), "pos_att_type", _POSITION_ATTENTION)
         # transformers counts c2p and p2c in the scale even without relative_attention.
@@ -195,14 +178,14 @@ class DebertaV2Encoder(PackedEncoder):
                     f"expected {2 * self.span}"
                 )
             columns = relative_columns(self.max_positions, self.span, buckets, max_relative)
-            self.columns = columns.to(device)
+            self.columns = columns.to(self.device)
         self.relative = positions is not None
         count = int(config["num_hidden_layers"])
         self.layers = [
             _Layer(weights, f"encoder.layer.{i}", put, linear, positions) for i in range(count)
         ]
         self._load_conv(config, weights, put, linear)
-        self.positions = torch.arange(self.max_positions, device=device)
+        self.positions = torch.arange(self.max_positions, device=self.device)
         self.has_head = head is not None
         if head is not None:
             self._load_head(config, weights, head, put, linear)
@@ -229,8 +212,7 @@ class DebertaV2Encoder(PackedEncoder):
         if width != self.hidden_size:
             self.embed_proj = Linear(put(take(weights, "embeddings.embed_proj.weight")),
                                      kernel=linear)  # fmt: skip
-        self.emb_ln = (put(take(weights, "embeddings.LayerNorm.weight")),
-                       put(take(weights, "embeddings.LayerNorm.bias")))  # fmt: skip
+        self.emb_ln = weight_and_bias(weights, "embeddings.LayerNorm", put)
 
     def _load_conv(self, config: dict, weights, put, linear: str) -> None:
         """ConvLayer: a 1-D convolution over each row's embeddings, added to the first
@@ -250,23 +232,19 @@ class DebertaV2Encoder(PackedEncoder):
         flat = weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
         self.conv = Linear(put(flat), put(take(weights, "encoder.conv.conv.bias")), kernel=linear)
         self.conv_size = size
-        self.conv_ln = (put(take(weights, "encoder.conv.LayerNorm.weight")),
-                        put(take(weights, "encoder.conv.LayerNorm.bias")))  # fmt: skip
+        self.conv_ln = weight_and_bias(weights, "encoder.conv.LayerNorm", put)
 
     def _load_head(self, config: dict, weights, head: str, put, linear: str) -> None:
         self.head_task = head
         if head == SEQUENCE:
             self.pooler_act = activation_of(config, "pooler_hidden_act", "gelu")
-            self.head_dense = Linear(put(take(weights, "pooler.dense.weight")),
-                                     put(take(weights, "pooler.dense.bias")),
-                                     kernel=linear)  # fmt: skip
+            self.head_dense = linear_at(weights, "pooler.dense", put, linear)
             if self.head_dense.in_features != self.hidden_size:
                 raise UnsupportedModel(
                     f"pooler_hidden_size {self.head_dense.in_features} is not supported "
                     f"(only hidden_size, {self.hidden_size})"
                 )
-        self.head_out = Linear(put(take(weights, "classifier.weight")),
-                               put(take(weights, "classifier.bias")), kernel=linear)  # fmt: skip
+        self.head_out = linear_at(weights, "classifier", put, linear)
         self.num_labels = self.head_out.out_features
 
     def linears(self) -> list[Linear]:

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
 from sr.models.bert import BertEncoder
-from sr.models.blocks import Packed, head_geometry, strip_prefix, take, weights_on
-from sr.models.heads import SEQUENCE, TOKEN, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.blocks import Packed, head_geometry, joined_qkv, linear_at, take, weight_and_bias
+from sr.models.heads import SEQUENCE, TOKEN, architectures_of
+from sr.models.linear import Linear
 
 # transformers' DistilBERT LayerNorms: nn.LayerNorm(dim, eps=1e-12), whatever config.json says.
 LAYER_NORM_EPS = 1e-12
@@ -64,24 +64,14 @@ class _Layer:
 
     def __init__(self, w: dict[str, torch.Tensor], p: str, put, kernel: str, activation: str):
         attn = f"{p}.attention"
-        names = ("q_lin", "k_lin", "v_lin")
-        qkv_w = put(torch.cat([take(w, f"{attn}.{n}.weight") for n in names]))
-        qkv_b = put(torch.cat([take(w, f"{attn}.{n}.bias") for n in names]))
-        self.qkv = Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)),
-                                 kernel=kernel)  # fmt: skip
-        self.out = Linear(put(take(w, f"{attn}.out_lin.weight")),
-                          put(take(w, f"{attn}.out_lin.bias")), kernel=kernel)  # fmt: skip
-        self.ln1 = (put(take(w, f"{p}.sa_layer_norm.weight")),
-                    put(take(w, f"{p}.sa_layer_norm.bias")))  # fmt: skip
+        self.qkv = joined_qkv(w, [f"{attn}.{n}" for n in ("q_lin", "k_lin", "v_lin")], put, kernel)
+        self.out = linear_at(w, f"{attn}.out_lin", put, kernel)
+        self.ln1 = weight_and_bias(w, f"{p}.sa_layer_norm", put)
         fused = "gelu" if activation == "gelu" else None
-        self.lin1 = Linear(put(take(w, f"{p}.ffn.lin1.weight")),
-                           put(take(w, f"{p}.ffn.lin1.bias")),
-                           kernel=kernel, activation=fused)  # fmt: skip
+        self.lin1 = linear_at(w, f"{p}.ffn.lin1", put, kernel, activation=fused)
         self.ffn_in = self.lin1 if fused else _Relu(self.lin1)
-        self.ffn_out = Linear(put(take(w, f"{p}.ffn.lin2.weight")),
-                              put(take(w, f"{p}.ffn.lin2.bias")), kernel=kernel)  # fmt: skip
-        self.ln2 = (put(take(w, f"{p}.output_layer_norm.weight")),
-                    put(take(w, f"{p}.output_layer_norm.bias")))  # fmt: skip
+        self.ffn_out = linear_at(w, f"{p}.ffn.lin2", put, kernel)
+        self.ln2 = weight_and_bias(w, f"{p}.output_layer_norm", put)
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.out, self.lin1, self.ffn_out]
@@ -102,39 +92,27 @@ class DistilBertEncoder(BertEncoder):
     (`hidden_states` with one token type, `post_norm_layers`), products and token head;
     layers, embeddings and the sequence head of its own."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "DistilBertModel": None,
-        "DistilBertForSequenceClassification": SEQUENCE,
-        "DistilBertForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("DistilBert")
     prefix = "distilbert."
     position_offset_from_padding = False
     second_text_type = False
+    sequence_head = ("pre_classifier", "classifier")
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
+    def check_config(self, config: dict) -> None:
         activation = config.get("activation", "gelu")
         if activation not in ACTIVATIONS:
             raise UnsupportedModel(
                 f"activation {activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})"
             )
-        geometry = _geometry(config)
-        for key, value in geometry.items():
+        for key, value in _geometry(config).items():
             if not isinstance(value, int) or value < 1:
                 raise UnsupportedModel(f"config.json: {key} is not a count ({value!r})")
-        weights = strip_prefix(weights, self.prefix)
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
+        activation = config.get("activation", "gelu")
+        geometry = _geometry(config)
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(geometry)
         self.eps = LAYER_NORM_EPS
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
-
-        put = weights_on(device, dtype)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]
@@ -144,31 +122,22 @@ class DistilBertEncoder(BertEncoder):
         # second text is never shifted into a second half).
         self.token_types = 1
         self.position_type = put(table)
-        self.emb_ln = (put(take(weights, "embeddings.LayerNorm.weight")),
-                       put(take(weights, "embeddings.LayerNorm.bias")))  # fmt: skip
+        self.emb_ln = weight_and_bias(weights, "embeddings.LayerNorm", put)
         count = geometry["num_hidden_layers"]
         linear = self.kernel.linear
         self.layers = [
             _Layer(weights, f"transformer.layer.{i}", put, linear, activation) for i in range(count)
         ]
-        self.positions = torch.arange(self.max_positions, device=device)
-        self.has_head = self._load_head(config, weights, put)
+        self.positions = torch.arange(self.max_positions, device=self.device)
+        self.has_head = self._load_linear_head(config, weights, put)
 
-    def _load_head(self, config: dict, weights, put) -> bool:
+    def _unnamed_head(self, weights) -> str | None:
         # Without `architectures`, the tensors tell transformers' classes apart:
         # `pre_classifier` only in the sequence (and multiple-choice) head, `classifier`
         # alone only in the token head.
-        unnamed = None
         if "pre_classifier.weight" in weights:
-            unnamed = SEQUENCE
-        elif "classifier.weight" in weights:
-            unnamed = TOKEN
-        head = named_head(config, self.architectures, unnamed)
-        if head == TOKEN:
-            self._set_token_head(weights, put, "classifier")
-        elif head == SEQUENCE:
-            self._set_head(weights, put, "pre_classifier", "classifier")
-        return head is not None
+            return SEQUENCE
+        return TOKEN if "classifier.weight" in weights else None
 
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
         """Logits [n, labels]: `pre_classifier` + ReLU on each row's first-token ([CLS])

@@ -29,18 +29,18 @@ import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
 from sr.models.blocks import (
+    FULL,
+    SLIDING,
     Packed,
     PackedEncoder,
     Rotary,
     attention,
-    strip_prefix,
+    layer_kinds,
     take,
-    weights_on,
     window_masks,
 )
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.linear import Linear
 
-FULL, SLIDING = "full_attention", "sliding_attention"
 # transformers' Gemma3TextConfig defaults, for keys a config.json leaves out.
 _DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 _LEGACY_THETA_KEY = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}
@@ -64,16 +64,9 @@ def _check_config(config: dict) -> None:
 
 
 def _layer_kinds(config: dict, count: int) -> list[str]:
-    """Each layer's kind, as Gemma3TextConfig derives `layer_types` when it is absent."""
-    kinds = config.get("layer_types")
-    if kinds is None:
-        pattern = int(config.get("sliding_window_pattern", 6))
-        if pattern < 1:
-            raise UnsupportedModel(f"sliding_window_pattern {pattern} is not supported")
-        kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(count)]
-    if len(kinds) != count or any(kind not in (FULL, SLIDING) for kind in kinds):
-        raise UnsupportedModel(f"layer_types {kinds!r} is not supported")
-    return list(kinds)
+    """Each layer's kind, as Gemma3TextConfig derives `layer_types` when it is absent:
+    the last of each `sliding_window_pattern` layers is full."""
+    return layer_kinds(config, count, "sliding_window_pattern", 6, last=True)
 
 
 def _rope_theta(config: dict, kind: str) -> float:
@@ -154,19 +147,13 @@ class Gemma3Encoder(PackedEncoder):
     architectures = {"Gemma3TextModel": None}  # noqa: RUF012 (read only)
     has_head = False
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
+    prefix = "model."
+
+    def check_config(self, config: dict) -> None:
         _check_config(config)
-        weights = strip_prefix(weights, "model.")
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
-        put = weights_on(device, dtype)
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
+        device, dtype = self.device, self.dtype
 
         self.hidden_size = int(config["hidden_size"])
         # Read from the tensors, as in Qwen3 (config.json may rely on transformers' defaults).

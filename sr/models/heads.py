@@ -30,6 +30,19 @@ TOKEN = "token"
 _HEAD_NAMES = {SEQUENCE: "sequence-classification", TOKEN: "token-classification"}
 
 
+def architectures_of(*names: str, token: bool = True) -> dict[str, str | None]:
+    """The Hugging Face classes a family serves, as transformers names them from each
+    model name: `{name}Model` (no head), `{name}ForSequenceClassification` and, with
+    `token`, `{name}ForTokenClassification`."""
+    served: dict[str, str | None] = {}
+    for name in names:
+        served[f"{name}Model"] = None
+        served[f"{name}ForSequenceClassification"] = SEQUENCE
+        if token:
+            served[f"{name}ForTokenClassification"] = TOKEN
+    return served
+
+
 def named_head(
     config: dict, architectures: Mapping[str, str | None], unnamed: str | None
 ) -> str | None:

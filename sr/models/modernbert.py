@@ -34,27 +34,18 @@ from sr.models.blocks import (
     activation_of,
     attention,
     head_geometry,
-    strip_prefix,
+    layer_kinds,
     take,
-    weights_on,
     window_masks,
 )
-from sr.models.heads import SEQUENCE, TOKEN, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
-
-_LAYER_KINDS = ("full_attention", "sliding_attention")
+from sr.models.heads import SEQUENCE, TOKEN, architectures_of, named_head
+from sr.models.linear import Linear
 
 
 def _layer_kinds(config: dict, count: int) -> list[str]:
-    kinds = config.get("layer_types")
-    if kinds is None:
-        every = int(config.get("global_attn_every_n_layers", 3))
-        if every < 1:
-            raise UnsupportedModel(f"global_attn_every_n_layers {every} is not supported")
-        kinds = [_LAYER_KINDS[bool(i % every)] for i in range(count)]
-    if len(kinds) != count or any(kind not in _LAYER_KINDS for kind in kinds):
-        raise UnsupportedModel(f"layer_types {kinds!r} is not supported")
-    return list(kinds)
+    """The first of each `global_attn_every_n_layers` layers is full, as ModernBertConfig
+    derives `layer_types` when it is absent."""
+    return layer_kinds(config, count, "global_attn_every_n_layers", 3, last=False)
 
 
 def _rope_theta(config: dict, kind: str) -> float:
@@ -117,30 +108,17 @@ class _Layer:
 class ModernBertEncoder(PackedEncoder):
     """Hidden states of packed rows, plus the head config.json names, if any."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "ModernBertModel": None,
-        "ModernBertForSequenceClassification": SEQUENCE,
-        "ModernBertForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("ModernBert")
+    prefix = "model."
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
+    def check_config(self, config: dict) -> None:
         self.act = activation_of(config, "hidden_activation")
-        weights = strip_prefix(weights, "model.")
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("norm_eps", 1e-5))
         self.window = int(config.get("local_attention", 128))
         self.max_positions = int(config.get("max_position_embeddings", 8192))
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
-
-        put = weights_on(device, dtype)
 
         norm_bias = bool(config.get("norm_bias", False))
         self.word = put(take(weights, "embeddings.tok_embeddings.weight"))
@@ -151,7 +129,11 @@ class ModernBertEncoder(PackedEncoder):
         kinds = _layer_kinds(config, count)
         rotary = {
             kind: Rotary(
-                self.head_dim, _rope_theta(config, kind), self.max_positions, device, dtype
+                self.head_dim,
+                _rope_theta(config, kind),
+                self.max_positions,
+                self.device,
+                self.dtype,
             )
             for kind in set(kinds)
         }
@@ -172,7 +154,7 @@ class ModernBertEncoder(PackedEncoder):
             )
             for i, kind in enumerate(kinds)
         ]
-        self.positions = torch.arange(self.max_positions, device=device)
+        self.positions = torch.arange(self.max_positions, device=self.device)
         self.has_head = self._load_head(config, weights, norm_bias, put)
 
     def _load_head(self, config: dict, weights, norm_bias: bool, put) -> bool:

@@ -23,18 +23,16 @@ import torch
 import torch.nn.functional as F
 
 from sr.errors import UnsupportedModel
-from sr.models.bert import first_token_tanh_head, head_linears, post_norm_layers
+from sr.models.bert import PostNormLayer, first_token_tanh_head, head_linears, post_norm_layers
 from sr.models.blocks import (
     Packed,
     PackedEncoder,
     head_geometry,
-    post_norm_feed_forward,
-    strip_prefix,
     take,
-    weights_on,
+    weight_and_bias,
 )
-from sr.models.heads import SEQUENCE, TOKEN, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.heads import architectures_of
+from sr.models.linear import Linear
 
 # transformers' MPNetEncoder.compute_position_bias always buckets into 32 (its default
 # argument, not config.relative_attention_num_buckets) with a reach of 128 tokens.
@@ -60,47 +58,21 @@ def relative_buckets(max_positions: int) -> torch.Tensor:
     return torch.where(distance < exact, distance, far) + (offset < 0).long() * half
 
 
-class _Layer:
-    """One transformer block's products and norms, query/key/value joined in one product
-    (the slots `post_norm_layers` reads, as BERT's layer)."""
-
-    __slots__ = ("ffn_in", "ffn_out", "ln1", "ln2", "out", "qkv")
-
-    def __init__(self, w: dict[str, torch.Tensor], p: str, put, kernel: str):
-        attn = f"{p}.attention"
-        qkv_w = put(torch.cat([take(w, f"{attn}.attn.{n}.weight") for n in "qkv"]))
-        qkv_b = put(torch.cat([take(w, f"{attn}.attn.{n}.bias") for n in "qkv"]))
-        self.qkv = Linear.joined(list(zip(qkv_w.chunk(3), qkv_b.chunk(3), strict=True)),
-                                 kernel=kernel)  # fmt: skip
-        self.out = Linear(put(take(w, f"{attn}.attn.o.weight")),
-                          put(take(w, f"{attn}.attn.o.bias")), kernel=kernel)  # fmt: skip
-        self.ln1 = (put(take(w, f"{attn}.LayerNorm.weight")),
-                    put(take(w, f"{attn}.LayerNorm.bias")))  # fmt: skip
-        self.ffn_in, self.ffn_out, self.ln2 = post_norm_feed_forward(w, p, put, kernel)
-
-    def linears(self) -> list[Linear]:
-        return [self.qkv, self.out, self.ffn_in, self.ffn_out]
+def _layer(w, p: str, put, kernel: str) -> PostNormLayer:
+    """BERT's block under MPNet's names (`attention.attn.q/k/v/o`, `attention.LayerNorm`)."""
+    attn = f"{p}.attention"
+    qkv = [f"{attn}.attn.{n}" for n in "qkv"]
+    return PostNormLayer(w, p, put, kernel, qkv, f"{attn}.attn.o", f"{attn}.LayerNorm")
 
 
 class MPNetEncoder(PackedEncoder):
     """Hidden states of packed rows, plus the head config.json names, if any."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "MPNetModel": None,
-        "MPNetForSequenceClassification": SEQUENCE,
-        "MPNetForTokenClassification": TOKEN,
-    }
+    architectures = architectures_of("MPNet")
+    prefix = "mpnet."
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
-        if config.get("hidden_act", "gelu") != "gelu":
-            raise UnsupportedModel(f"hidden_act {config.get('hidden_act')!r} is not supported")
+    def check_config(self, config: dict) -> None:
+        super().check_config(config)
         buckets = int(config.get("relative_attention_num_buckets", NUM_BUCKETS))
         if buckets != NUM_BUCKETS:
             # transformers would still bucket into 32 and ignore the rest of the table,
@@ -108,22 +80,18 @@ class MPNetEncoder(PackedEncoder):
             raise UnsupportedModel(
                 f"relative_attention_num_buckets {buckets} is not supported (only 32)"
             )
-        weights = strip_prefix(weights, "mpnet.")
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
         self.hidden_size, self.num_heads, self.head_dim, self.scale = head_geometry(config)
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
         linear = self.kernel.linear
-
-        put = weights_on(device, dtype)
 
         self.word = put(take(weights, "embeddings.word_embeddings.weight"))
         self.vocab_size = self.word.shape[0]
         table = take(weights, "embeddings.position_embeddings.weight")
         self.max_positions = table.shape[0] - POSITION_OFFSET
         self.position = put(table[POSITION_OFFSET:])
-        self.emb_ln = (put(take(weights, "embeddings.LayerNorm.weight")),
-                       put(take(weights, "embeddings.LayerNorm.bias")))  # fmt: skip
+        self.emb_ln = weight_and_bias(weights, "embeddings.LayerNorm", put)
         bias = take(weights, "encoder.relative_attention_bias.weight")  # [buckets, heads]
         if tuple(bias.shape) != (NUM_BUCKETS, self.num_heads):
             raise UnsupportedModel(
@@ -134,25 +102,9 @@ class MPNetEncoder(PackedEncoder):
         # gather, with no bucket arithmetic in the forward.
         self.offset_bias = put(bias[relative_buckets(self.max_positions)].T)
         count = int(config["num_hidden_layers"])
-        self.layers = [_Layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
-        self.positions = torch.arange(self.max_positions, device=device)
-        unnamed = SEQUENCE if "classifier.out_proj.weight" in weights else None
-        head = named_head(config, self.architectures, unnamed)
-        self.has_head = head is not None
-        if head == TOKEN:
-            self.head_task = TOKEN
-            self.head_out = Linear(put(take(weights, "classifier.weight")),
-                                   put(take(weights, "classifier.bias")),
-                                   kernel=linear)  # fmt: skip
-            self.num_labels = self.head_out.out_features
-        elif head == SEQUENCE:
-            self.head_dense = Linear(put(take(weights, "classifier.dense.weight")),
-                                     put(take(weights, "classifier.dense.bias")),
-                                     kernel=linear)  # fmt: skip
-            self.head_out = Linear(put(take(weights, "classifier.out_proj.weight")),
-                                   put(take(weights, "classifier.out_proj.bias")),
-                                   kernel=linear)  # fmt: skip
-            self.num_labels = self.head_out.out_features
+        self.layers = [_layer(weights, f"encoder.layer.{i}", put, linear) for i in range(count)]
+        self.positions = torch.arange(self.max_positions, device=self.device)
+        self.has_head = self._load_linear_head(config, weights, put)
 
     def linears(self) -> list[Linear]:
         return self.layers[0].linears() + head_linears(self)

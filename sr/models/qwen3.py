@@ -22,12 +22,10 @@ from sr.models.blocks import (
     Rotary,
     attention,
     rms_norm,
-    strip_prefix,
     take,
-    weights_on,
 )
-from sr.models.heads import SEQUENCE, named_head
-from sr.models.linear import KernelChoice, Linear, choose_kernel
+from sr.models.heads import SEQUENCE, architectures_of, named_head
+from sr.models.linear import Linear
 
 
 def _check_config(config: dict) -> float:
@@ -100,25 +98,15 @@ class _Layer:
 class Qwen3Encoder(PackedEncoder):
     """Hidden states of packed rows, plus the sequence-classification head if any."""
 
-    architectures = {  # noqa: RUF012 (read only)
-        "Qwen3Model": None,
-        "Qwen3ForSequenceClassification": SEQUENCE,
-    }
+    architectures = architectures_of("Qwen3", token=False)
 
-    def __init__(
-        self,
-        config: dict,
-        weights: dict[str, torch.Tensor],
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        kernel: KernelChoice | None = None,
-    ):
-        theta = _check_config(config)
-        weights = strip_prefix(weights, "model.")
-        self.device, self.dtype = device, dtype
-        self.kernel = kernel or choose_kernel(device, dtype)
+    prefix = "model."
 
-        put = weights_on(device, dtype)
+    def check_config(self, config: dict) -> None:
+        self.theta = _check_config(config)
+
+    def build(self, config: dict, weights: dict[str, torch.Tensor], put) -> None:
+        device, dtype, theta = self.device, self.dtype, self.theta
 
         self.hidden_size = int(config["hidden_size"])
         self.num_heads = int(config["num_attention_heads"])

@@ -49,29 +49,9 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-class HttpTransport:
-    """A managed worker over its Unix socket: sr.http.client, kept-alive connections."""
-
-    def __init__(self, *, uds: str) -> None:
-        self._pool = Http1Pool(uds=uds)
-
-    async def exchange(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        *,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        return await self._pool.request(
-            method, path, body, request_id=request_id, deployment=deployment,
-            traceparent=traceparent,
-        )  # fmt: skip
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()
+# A managed worker over its Unix socket: sr.http.client's kept-alive connections are a
+# Transport as they are (`Http1Pool.exchange`), with no layer between the pool and them.
+HttpTransport = Http1Pool
 
 
 class HttpxTransport:

@@ -60,6 +60,7 @@ from sr.http.asgi import (
     Send,
     read_body,
     request_headers,
+    send_answer,
     send_error,
     send_json,
     send_response,
@@ -384,8 +385,7 @@ class RouterApp:
             await send_response(send, status, answer, headers)
         except RequestError as error:
             outcome = _OUTCOME_BY_CODE.get(error.code, "rejected")
-            status, headers, payload = front.error(error)
-            await send_response(send, status, payload, headers)
+            await send_answer(send, front.error(error))
         except ClientDisconnected:
             outcome = "canceled"
         finally:
@@ -454,8 +454,7 @@ class RouterApp:
                 card, deployment=deployment, ready_replicas=ready, version=__version__
             )
         except RequestError as error:
-            status, headers, payload = tei.error_reply(error)
-            await send_response(send, status, payload, headers)
+            await send_answer(send, tei.error_reply(error))
             return
         await send_json(send, 200, answer)
 

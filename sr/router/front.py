@@ -10,7 +10,8 @@ differs between API families is only at the edges, and a front holds exactly tha
 - `forward(request, raw)`: the bytes the worker gets;
 - `answer(request, payload)`: a worker's 2xx answer as this family answers;
 - `worker_error(request, status, payload)`: a worker's non-2xx answer in this family's shape;
-- `error(error)`: the router's own RequestError in this family's shape.
+- `error(error)`: the router's own RequestError as this family answers it, whole (an
+  answer, sr.answer): sr's own family writes it with the one writer, `error.answer()`.
 
 `NativeFront` is sr's own (OpenAI-shaped) family; the TEI routes use sr.router.tei.TeiFront.
 
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from sr.answer import Answer
 from sr.errors import InvalidRequest, RequestError
 from sr.http.jsonbody import parse_json_object
 from sr.worker.timing import WorkerTiming
@@ -47,7 +49,7 @@ class Front(Protocol):
     def forward(self, request: Any, raw: bytes) -> bytes: ...
     def answer(self, request: Any, payload: bytes) -> bytes: ...
     def worker_error(self, request: Any, status: int, payload: bytes) -> tuple[int, bytes]: ...
-    def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
+    def error(self, error: RequestError) -> Answer: ...
     def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]: ...
 
 
@@ -89,8 +91,8 @@ class NativeFront:
     ) -> tuple[int, bytes]:
         return status, payload
 
-    def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        return error.status, error.header_fields(), error.body()
+    def error(self, error: RequestError) -> Answer:
+        return error.answer()
 
     def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]:
         return []  # the usage is in the body; TEI's timing headers are for TEI's clients

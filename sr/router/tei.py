@@ -65,6 +65,7 @@ from typing import Any
 
 import attrs
 
+from sr.answer import JSON_CONTENT_TYPE, Answer
 from sr.error_answer import read_error_answer
 from sr.errors import EmptyInput, InvalidRequest, RequestError
 from sr.http.jsonbody import dump_json, json_kind, parse_json_object
@@ -204,7 +205,7 @@ class TeiFront:
     def worker_error(self, request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:
         return worker_error(request, status, payload)
 
-    def error(self, error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def error(self, error: RequestError) -> Answer:
         return error_reply(error)
 
     def timing_headers(self, timing: WorkerTiming) -> list[tuple[bytes, bytes]]:
@@ -421,13 +422,14 @@ def _byte_offsets(text: str, tokens: list[dict[str, Any]]) -> list[dict[str, Any
 
 
 # -- errors --------------------------------------------------------------------------------
-def error_reply(error: RequestError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """(status, extra headers, body) of an sr error in TEI's shape."""
+def error_reply(error: RequestError) -> Answer:
+    """An sr error as TEI answers it: TEI's status and body, the error's own head fields."""
     if isinstance(error, EmptyInput):
         status, error_type = 400, "Empty"
     else:
         status, error_type = _status_and_type(error.code, error.status)
-    return status, error.header_fields(), _error_body(error.message, error_type, error.code)
+    body = _error_body(error.message, error_type, error.code)
+    return status, [JSON_CONTENT_TYPE, *error.header_fields()], body
 
 
 def worker_error(request: TeiRequest, status: int, payload: bytes) -> tuple[int, bytes]:

@@ -24,6 +24,7 @@ import hmac
 import ipaddress
 from collections.abc import Mapping
 
+from sr.answer import Answer
 from sr.errors import InvalidApiKey, UsageError
 
 ENV_VAR = "SR_WORKER_API_KEY"
@@ -85,7 +86,7 @@ class WorkerKeyCheck:
         return False
 
 
-def unauthorized() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+def unauthorized() -> Answer:
     return InvalidApiKey(
         "missing or invalid API key (Authorization: Bearer <key>)",
         headers={"WWW-Authenticate": "Bearer"},

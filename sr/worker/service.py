@@ -19,6 +19,7 @@ import attrs
 import torch
 import trio
 
+from sr.answer import JSON_CONTENT_TYPE, Answer
 from sr.config.precision import Precision, cpu_flags, resolve_precision
 from sr.config.schema import DEFAULT_KERNEL
 from sr.errors import (
@@ -54,8 +55,7 @@ from sr.worker.warmup import (
 if TYPE_CHECKING:
     from sr.worker.tracing import WorkerTracing
 
-Response = tuple[int, list[tuple[bytes, bytes]], bytes]
-JSON_HEADERS = [(b"content-type", b"application/json")]
+JSON_HEADERS = [JSON_CONTENT_TYPE]
 TEXT_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 _log = logging.getLogger("sr.worker")
@@ -85,10 +85,6 @@ def default_golden_check(model):
     from sr.models.golden import golden_check
 
     return golden_check(model)
-
-
-def _error(error: RequestError) -> Response:
-    return error.status, JSON_HEADERS, error.body()
 
 
 class WorkerService:
@@ -148,7 +144,7 @@ class WorkerService:
         self._nursery: trio.Nursery | None = None
         self._health = self._health_response()
         forward = self._forward_route
-        self._routes: dict[str, tuple[str, Callable[[bytes], Awaitable[Response]]]] = {
+        self._routes: dict[str, tuple[str, Callable[[bytes], Awaitable[Answer]]]] = {
             "/v1/embeddings": ("POST", lambda body: forward(body, "embeddings")),
             "/v1/sparse_embeddings": ("POST", lambda body: forward(body, "sparse_embeddings")),
             "/v1/classify": ("POST", lambda body: forward(body, "classify")),
@@ -209,7 +205,7 @@ class WorkerService:
         if state in SETTLED:
             self._settled.set()
 
-    def _health_response(self) -> Response:
+    def _health_response(self) -> Answer:
         if self.state is _READY:
             return 200, JSON_HEADERS, _dumps({"status": _READY.value}).encode()
         status = {"status": self.state.value, "reason": self.reason}
@@ -350,7 +346,7 @@ class WorkerService:
         request_id: str | None = None,
         deployment: str | None = None,
         traceparent: str | None = None,
-    ) -> Response:
+    ) -> Answer:
         """Answer one request. `request_id` (the router's, sr.request_id) is current while
         it is answered, so its error body and log lines carry it; so is `deployment`, the
         name the router serves this worker under (sr.worker.served_as). `traceparent`: the
@@ -367,19 +363,19 @@ class WorkerService:
 
     async def _handle(
         self, method: str, path: str, body: bytes, traceparent: str | None = None
-    ) -> Response:
+    ) -> Answer:
         route = self._routes.get(path)
         if route is None:
             if path == "/admin/faults" and self.options.fault_injection:
                 response = await self._faults_route(method, body)
             else:
-                response = _error(NotFound(f"no route {path}"))
+                response = NotFound(f"no route {path}").answer()
             self.metrics.count_answer("other", response[0])
             return response
         allowed, answer = route
         if method != allowed:
-            status, headers, payload = _error(MethodNotAllowed(f"{path} takes {allowed}"))
-            response = status, [*headers, (b"allow", allowed.encode())], payload
+            refused = MethodNotAllowed(f"{path} takes {allowed}", headers={"Allow": allowed})
+            response = refused.answer()
         elif allowed == "POST":  # the task routes: timed (sr.worker.timing)
             with RequestTiming() as timing:
                 if traceparent is not None and self.tracing is not None:
@@ -408,18 +404,17 @@ class WorkerService:
             _log.exception("trace_record_failed path=%s", path)
 
     async def _answer(
-        self, path: str, answer: Callable[[bytes], Awaitable[Response]], body: bytes
-    ) -> Response:
+        self, path: str, answer: Callable[[bytes], Awaitable[Answer]], body: bytes
+    ) -> Answer:
         try:
             return await answer(body)
         except RequestError as error:
-            extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-            return error.status, [*JSON_HEADERS, *extra], error.body()
+            return error.answer()
         except Exception as error:  # a bug must not take the worker down
             _log.exception("unexpected error on %s", path)
-            return _error(RequestError(f"{type(error).__name__}: {error}"))
+            return RequestError(f"{type(error).__name__}: {error}").answer()
 
-    async def _forward_route(self, body: bytes, task: str) -> Response:
+    async def _forward_route(self, body: bytes, task: str) -> Answer:
         if self.state is not _READY:
             raise Unavailable(
                 f"worker is {self.state.value}" + (f": {self.reason}" if self.reason else "")
@@ -430,27 +425,30 @@ class WorkerService:
         answer = await getattr(self.tasks, task)(request)
         return 200, JSON_HEADERS, _dumps(answer).encode()
 
-    async def _health_route(self, body: bytes) -> Response:
+    async def _health_route(self, body: bytes) -> Answer:
         return self._health
 
-    async def _live_route(self, body: bytes) -> Response:
+    async def _live_route(self, body: bytes) -> Answer:
         return 200, JSON_HEADERS, b'{"status":"live"}'
 
-    async def _metrics_route(self, body: bytes) -> Response:
+    async def _metrics_route(self, body: bytes) -> Answer:
         return 200, TEXT_HEADERS, self.metrics.render()
 
-    async def _models_route(self, body: bytes) -> Response:
+    async def _models_route(self, body: bytes) -> Answer:
         return 200, JSON_HEADERS, _dumps({"object": "list", "data": [self.card()]}).encode()
 
-    async def _faults_route(self, method: str, body: bytes) -> Response:
+    async def _faults_route(self, method: str, body: bytes) -> Answer:
         if method == "GET":
             return 200, JSON_HEADERS, _dumps(self.faults.card()).encode()
         if method != "POST":
-            return _error(MethodNotAllowed("/admin/faults takes GET or POST"))
+            refused = MethodNotAllowed(
+                "/admin/faults takes GET or POST", headers={"Allow": "GET, POST"}
+            )
+            return refused.answer()
         try:
             card = self.faults.configure(body)
         except RequestError as error:
-            return error.status, JSON_HEADERS, error.body()
+            return error.answer()
         self.events.emit("worker_fault_injected", **card)
         if card["mode"] == "exit":
             self.exit_requested = True

@@ -12,6 +12,7 @@ import torch
 import trio
 from worker_fakes import passing_golden, post, running
 
+from sr.errors import MethodNotAllowed
 from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
 from sr.worker.state import WorkerState
@@ -262,6 +263,9 @@ async def test_unknown_route_and_wrong_method(worker):
     assert status == 404 and json.loads(payload)["error"]["code"] == "not_found"
     status, headers, payload = await worker.handle("GET", "/v1/embeddings", b"")
     assert status == 405 and (b"allow", b"POST") in headers
+    # written by the one writer, the Allow field carried by the error itself
+    refused = MethodNotAllowed("/v1/embeddings takes POST", headers={"Allow": "POST"})
+    assert (status, headers, payload) == refused.answer()
     status, _, _ = await worker.handle("POST", "/admin/faults", b'{"mode":"fail"}')
     assert status == 404  # fault injection is off
 
