@@ -31,6 +31,7 @@ import trio
 
 from sr.errors import ConnectFailed, ReadFailed, WriteFailed
 from sr.http import sockio
+from sr.http.hop import NO_HOP, Hop
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDLE = 32
@@ -85,22 +86,12 @@ class Http1Pool:
         self.connections_opened = 0  # for tests and benchmarks: reuse is observable
 
     async def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        *,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
+        self, method: str, path: str, body: bytes = b"", hop: Hop = NO_HOP
     ) -> tuple[int, dict[str, str], bytes]:
-        """One exchange. `request_id` (visible ASCII, checked by the router's front end)
-        travels as `x-request-id`, so the worker's log lines and errors carry it;
-        `deployment` (a deployment name: config-checked) as `x-sr-deployment`
-        (sr.worker.served_as); `traceparent` (W3C trace context, made by sr) as itself."""
+        """One exchange; each field `hop` sets travels as its header (sr.http.hop)."""
         if self._closed:
             raise ConnectFailed("client is closed")
-        wire = self._request_bytes(method, path, body, request_id, deployment, traceparent)
+        wire = self._request_bytes(method, path, body, hop)
         conn, reused = await self._checkout()
         try:
             # sockio's calls are no cancel points: a dispatch cancelled by now (its caller
@@ -129,15 +120,7 @@ class Http1Pool:
     # The name the pool's transports answer to (sr.pool.transport.Transport).
     exchange = request
 
-    def _request_bytes(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
-    ) -> bytes:
+    def _request_bytes(self, method: str, path: str, body: bytes, hop: Hop = NO_HOP) -> bytes:
         prefix = self._heads.get((method, path))
         if prefix is None:
             if not _TOKEN.fullmatch(method.encode("ascii", "replace")):
@@ -148,6 +131,7 @@ class Http1Pool:
                 method.encode(), path.encode(), self._host_header)  # fmt: skip
             if len(self._heads) < _HEAD_CACHE_SIZE:
                 self._heads[(method, path)] = prefix
+        request_id, deployment, traceparent = hop
         if request_id is not None:
             prefix = b"%sx-request-id: %s\r\n" % (prefix, request_id.encode("ascii"))
         if deployment is not None:

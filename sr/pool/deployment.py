@@ -26,6 +26,7 @@ from sr.config.schema import DEFAULT_TIMEOUT_MS, Deployment
 from sr.error_answer import read_error_answer
 from sr.errors import DeadlineExceeded, Overloaded, TransportError, Unavailable, WorkerFailed
 from sr.http.body import ClientDisconnected
+from sr.http.hop import Hop
 from sr.pool.discovery import DiscoveryGroup
 from sr.pool.outcome import Outcome, no_answer, outcome_of_status, outcome_of_transport_error
 from sr.pool.policy import DeploymentPolicy
@@ -169,10 +170,11 @@ class DeploymentPool:
         fires counts against the replica only as `policy.deadline_outcome` rules."""
         if trace is None:
             res = self.policy.reserve(len(body), trio.current_time())
-            hop = None
-        else:
+            span = traceparent = None
+        else:  # the worker's spans join the trace (sr.worker.tracing)
             res = trace.admit(lambda: self.policy.reserve(len(body), trio.current_time()))
-            hop = trace.hop(str(res.record.id), path)
+            span = trace.hop(str(res.record.id), path)
+            traceparent = span.traceparent
         rec = res.record
         runner = self.runners.get(rec.id)
         transport = runner.transport if runner is not None else None
@@ -185,15 +187,9 @@ class DeploymentPool:
             with trio.move_on_at(deadline) as scope:
                 stop_watching = watch(scope) if watch is not None else None
                 try:
-                    if hop is None:
-                        status, headers, payload = await transport.exchange(
-                            "POST", path, body, request_id=request_id, deployment=self.name
-                        )
-                    else:  # the worker's spans join the trace (sr.worker.tracing)
-                        status, headers, payload = await transport.exchange(
-                            "POST", path, body, request_id=request_id, deployment=self.name,
-                            traceparent=hop.traceparent,
-                        )  # fmt: skip
+                    status, headers, payload = await transport.exchange(
+                        "POST", path, body, Hop(request_id, self.name, traceparent)
+                    )
                 except TransportError as error:
                     outcome = outcome_of_transport_error(error)
                     failure = no_answer(error, rec.id, self.name)
@@ -223,12 +219,12 @@ class DeploymentPool:
                 for group in self.groups.values():
                     group.replica_failed(rec.id)  # a discovered fleet may have moved
                 self._poke.set()
-            if hop is not None:
+            if span is not None:
                 if failure is None:
-                    hop.answered(status, outcome.value)
+                    span.answered(status, outcome.value)
                 else:
-                    hop.failed(failure, outcome.value)
-                hop.end()
+                    span.failed(failure, outcome.value)
+                span.end()
         if outcome is Outcome.FAILED:
             reason = read_error_answer(payload).message
             raise WorkerFailed(f"replica {rec.id} of {self.name!r} answered {status}: {reason}")

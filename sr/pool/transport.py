@@ -9,9 +9,9 @@
   host: a discovered worker is dialled by address but holds its service's certificate.
 * `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
 
-A request carries the router's request id and the deployment it is served for (the
-worker's `model` check, sr.worker.served_as), and, only when traces are on, the W3C
-`traceparent` of the router's hop span (sr.pool.dispatch_trace). Deadlines are not the
+A request carries a `sr.http.hop.Hop`: the router's request id and the deployment it is
+served for (the worker's `model` check, sr.worker.served_as), and, only when traces are on,
+the W3C `traceparent` of the router's hop span (sr.pool.dispatch_trace). Deadlines are not the
 transport's business: the caller's cancel scope bounds the exchange.
 A transport raises a `sr.errors.TransportError` of the phase that failed (ConnectFailed,
 WriteFailed, ReadFailed) for anything that is not an HTTP answer: sr.http.client raises
@@ -28,6 +28,7 @@ import httpx
 
 from sr.errors import ConnectFailed, ReadFailed, TransportError, WriteFailed
 from sr.http.client import Http1Pool
+from sr.http.hop import NO_HOP, Hop
 
 __all__ = ["HttpTransport", "HttpxTransport", "InProcessTransport", "Transport", "TransportError"]
 
@@ -36,14 +37,7 @@ JSON_HEADERS = {"content-type": "application/json"}
 
 class Transport(Protocol):
     async def exchange(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        *,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
+        self, method: str, path: str, body: bytes = b"", hop: Hop = NO_HOP
     ) -> tuple[int, dict[str, str], bytes]: ...
 
     async def aclose(self) -> None: ...
@@ -79,22 +73,15 @@ class HttpxTransport:
         )
 
     async def exchange(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        *,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
+        self, method: str, path: str, body: bytes = b"", hop: Hop = NO_HOP
     ) -> tuple[int, dict[str, str], bytes]:
         headers = dict(JSON_HEADERS) if body else {}
-        if request_id is not None:
-            headers["x-request-id"] = request_id
-        if traceparent is not None:
-            headers["traceparent"] = traceparent
-        if deployment is not None:
-            headers["x-sr-deployment"] = deployment
+        if hop.request_id is not None:
+            headers["x-request-id"] = hop.request_id
+        if hop.traceparent is not None:
+            headers["traceparent"] = hop.traceparent
+        if hop.deployment is not None:
+            headers["x-sr-deployment"] = hop.deployment
         try:
             response = await self._client.request(
                 method,
@@ -144,24 +131,10 @@ class InProcessTransport:
         self._service = service
 
     async def exchange(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        *,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
+        self, method: str, path: str, body: bytes = b"", hop: Hop = NO_HOP
     ) -> tuple[int, dict[str, str], bytes]:
-        if traceparent is None:
-            status, headers, payload = await self._service.handle(
-                method, path, body, request_id=request_id, deployment=deployment
-            )
-        else:
-            status, headers, payload = await self._service.handle(
-                method, path, body, request_id=request_id, deployment=deployment,
-                traceparent=traceparent,
-            )  # fmt: skip
+        # handle's parameters after the body are the hop's fields, in their order.
+        status, headers, payload = await self._service.handle(method, path, body, *hop)
         return status, _header_dict(headers), payload
 
     async def aclose(self) -> None:

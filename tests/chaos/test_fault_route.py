@@ -33,7 +33,7 @@ class FakeTransport:
         self.hang = hang
         self.calls: list[tuple[str, str, bytes]] = []
 
-    async def exchange(self, method, path, body=b"", request_id=None):
+    async def exchange(self, method, path, body=b"", hop=None):
         self.calls.append((method, path, body))
         if self.hang:
             await trio.sleep_forever()

@@ -10,6 +10,7 @@ import trio
 
 from sr.errors import ConnectFailed, ReadFailed, TransportError, WriteFailed
 from sr.http.client import MAX_HEAD_BYTES, Http1Pool, parse_head
+from sr.http.hop import Hop
 from sr.pool.transport import HttpTransport
 
 OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
@@ -91,10 +92,10 @@ async def test_reuses_one_connection_for_sequential_requests(serve):
 async def test_request_id_and_deployment_travel_as_headers_only_with_their_request(serve):
     server, path = await serve(keep_alive_ok)
     pool = Http1Pool(uds=path)
-    await pool.request("POST", "/v1/embeddings", b"{}", request_id="req-1", deployment="minilm")
+    await pool.request("POST", "/v1/embeddings", b"{}", Hop("req-1", "minilm"))
     await pool.request("POST", "/v1/embeddings", b"{}")
     transport = HttpTransport(uds=path)
-    await transport.exchange("GET", "/health", request_id="req-2", deployment="d.2")
+    await transport.exchange("GET", "/health", hop=Hop(request_id="req-2", deployment="d.2"))
     await transport.aclose()
     first, second, third = (request.split(b"\r\n\r\n")[0] for request in server.requests)
     assert b"\r\nx-request-id: req-1\r\n" in first + b"\r\n"

@@ -123,7 +123,7 @@ class FakeEndpoint:
         self.probes = 0
         self.served = 0
 
-    async def handle(self, method: str, path: str, body: bytes, request_id=None, deployment=None):
+    async def handle(self, method, path, body, request_id=None, deployment=None, traceparent=None):
         headers = [(b"content-type", b"application/json")]
         if self.health == "down":
             raise TransportError("connection refused")

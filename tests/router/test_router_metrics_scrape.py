@@ -32,7 +32,7 @@ class StuckScrapes:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.service.run(task_status=task_status)
 
-    async def handle(self, method: str, path: str, body: bytes, request_id=None, deployment=None):
+    async def handle(self, method, path, body, request_id=None, deployment=None, traceparent=None):
         if path == "/metrics":
             self.scrapes_started += 1
             await trio.sleep_forever()
