@@ -63,7 +63,7 @@ class InstantCore:
         self._scope = trio.CancelScope()
 
     async def request_raw(
-        self, deployment, path, body, timeout_s=None, request_id=None, watch=None
+        self, deployment, path, body, timeout_s=None, request_id=None, watch=None, trace=None
     ):
         stop_watching = watch(self._scope) if watch is not None else None
         try:

@@ -39,7 +39,8 @@ from safetensors.torch import load_file
 from sr.errors import ArtifactNotFound, UnsupportedModel
 from sr.models.artifacts import resolve_artifact
 from sr.models.blocks import strip_prefix
-from sr.models.checkpoint import CheckpointLayout, _head_labels, _read_json, read_layout
+from sr.models.checkpoint import CheckpointLayout, _head_labels, read_layout
+from sr.models.json_file import read_json_object
 from sr.models.lora_config import (
     ADAPTER_WEIGHTS,
     ALL_LINEAR,
@@ -189,7 +190,7 @@ def _check_model_type(folder: Path, spec: LoraSpec, model_type: str) -> None:
     """An adapter's own config.json or peft's auto_mapping may name the model type it was
     trained on; it must be the base's."""
     own = folder / "config.json"
-    named = str(_read_json(own).get("model_type") or "") if own.is_file() else ""
+    named = str(read_json_object(own).get("model_type") or "") if own.is_file() else ""
     if not named and spec.trained_on:
         match = re.match(r"transformers\.models\.([a-z0-9_]+)\.", spec.trained_on)
         named = match.group(1).replace("_", "-") if match else ""
@@ -204,7 +205,7 @@ def _with_labels(folder: Path, layout: CheckpointLayout) -> CheckpointLayout:
     own = folder / "config.json"
     if not own.is_file():
         return layout
-    labels = {k: v for k, v in _read_json(own).items() if k in _LABEL_KEYS}
+    labels = {k: v for k, v in read_json_object(own).items() if k in _LABEL_KEYS}
     if not labels:
         return layout
     config = {k: v for k, v in layout.config.items() if k not in _LABEL_KEYS} | labels

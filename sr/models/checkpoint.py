@@ -10,12 +10,12 @@ are only located here (sr.models.dense loads them once the pooled size is known)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import attrs
 
 from sr.errors import UnsupportedModel
+from sr.models.json_file import read_json, read_json_object
 from sr.models.prompts import Prompts, read_prompts
 from sr.models.sparse import SparseSpec, read_sparse_chain
 
@@ -82,17 +82,8 @@ class CheckpointLayout:
     sparse: SparseSpec | None = None
 
 
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UnsupportedModel(f"{path}: cannot be read as JSON: {exc}") from exc
-
-
 def _pooling_modes(folder: Path, pooling_path: str) -> tuple[tuple[str, ...], bool]:
-    config = _read_json(folder / pooling_path / "config.json")
-    if not isinstance(config, dict):
-        raise UnsupportedModel(f"{folder / pooling_path / 'config.json'}: not an object")
+    config = read_json_object(folder / pooling_path / "config.json")
     modes = tuple(m for m in POOLING_MODES if config.get(_POOLING_KEYS[m]))
     if not modes:
         raise UnsupportedModel(f"{folder / pooling_path}: no supported pooling mode is on")
@@ -110,9 +101,7 @@ def _dense(folder: Path, path: str) -> DenseSpec:
     if not path:
         raise UnsupportedModel(f"{folder / 'modules.json'}: a Dense module has no path")
     config_file = folder / path / "config.json"
-    config = _read_json(config_file)
-    if not isinstance(config, dict):
-        raise UnsupportedModel(f"{config_file}: not an object")
+    config = read_json_object(config_file)
 
     def features(key: str) -> int:
         value = config.get(key)
@@ -166,9 +155,7 @@ def _check_normalize(folder: Path, path: str) -> None:
     config_file = folder / path / "config.json"
     if not path or not config_file.is_file():
         return
-    config = _read_json(config_file)
-    if not isinstance(config, dict):
-        raise UnsupportedModel(f"{config_file}: not an object")
+    config = read_json_object(config_file)
     for key in ("module_input_name", "module_output_name"):
         if config.get(key) not in (None, _SENTENCE_EMBEDDING):
             raise UnsupportedModel(
@@ -184,7 +171,7 @@ def _module_chain(folder: Path) -> tuple[tuple[str, ...], tuple[DenseSpec, ...],
     if not modules_file.is_file():
         # What sentence-transformers itself builds around a plain encoder checkpoint.
         return ("mean",), (), False, True
-    modules = _read_json(modules_file)
+    modules = read_json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise UnsupportedModel(f"{modules_file}: not a list of objects")
     modes: tuple[str, ...] | None = None
@@ -232,9 +219,7 @@ def _head_labels(config: dict) -> tuple[str, ...] | None:
 
 
 def read_layout(folder: Path) -> CheckpointLayout:
-    config = _read_json(folder / "config.json")
-    if not isinstance(config, dict):
-        raise UnsupportedModel(f"{folder / 'config.json'}: not an object")
+    config = read_json_object(folder / "config.json")
     model_type = str(config.get("model_type", ""))
     sparse = read_sparse_chain(folder)
     if sparse is None:
@@ -244,7 +229,7 @@ def read_layout(folder: Path) -> CheckpointLayout:
     max_seq_length = None
     sbert_file = folder / "sentence_bert_config.json"
     if sbert_file.is_file():
-        sbert = _read_json(sbert_file)
+        sbert = read_json(sbert_file)
         if isinstance(sbert, dict) and isinstance(sbert.get("max_seq_length"), int):
             max_seq_length = sbert["max_seq_length"]
     return CheckpointLayout(

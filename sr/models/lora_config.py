@@ -24,7 +24,6 @@ Rules (peft's, reimplemented; peft is never imported):
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import attrs
 
 from sr.errors import UnsupportedModel
+from sr.models.json_file import read_json_object
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -171,16 +171,6 @@ def _pattern_key(patterns: dict, name: str) -> str:
     return name
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UnsupportedModel(f"{path}: cannot be read as JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UnsupportedModel(f"{path}: not an object")
-    return data
-
-
 def _names(value, key: str, where: Path) -> tuple[str, ...] | str | None:
     if value is None or isinstance(value, str):
         return value
@@ -199,7 +189,7 @@ def _number(config: dict, key: str, where: Path, default=None) -> float:
 def read_lora_config(folder: Path) -> LoraSpec:
     """adapter_config.json of an adapter folder; UnsupportedModel naming what is not served."""
     where = folder / ADAPTER_CONFIG
-    config = _read_json(where)
+    config = read_json_object(where)
     peft_type = config.get("peft_type")
     if peft_type != "LORA":
         raise UnsupportedModel(f"{where}: peft_type {peft_type!r} is not served (only LORA)")

@@ -12,13 +12,13 @@ not) are left out of the pooling.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 
 from sr.errors import UnsupportedModel
+from sr.models.json_file import read_json_object
 
 CONFIG_FILE = "config_sentence_transformers.json"
 # sentence-transformers' defaults for every SentenceTransformer and SparseEncoder: known
@@ -50,12 +50,7 @@ def read_prompts(folder: Path) -> Prompts:
     path = Path(folder) / CONFIG_FILE
     if not path.is_file():
         return Prompts()
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UnsupportedModel(f"{path}: cannot be read as JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise UnsupportedModel(f"{path}: not an object")
+    config = read_json_object(path)
     saved = config.get("prompts") or {}
     if not isinstance(saved, dict) or not all(
         isinstance(name, str) and isinstance(text, str) for name, text in saved.items()

@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 
 from sr.errors import UnsupportedModel
+from sr.models.json_file import read_json_object
 
 POOLING_STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
@@ -33,16 +34,6 @@ class SparseSpec:
             "activation": self.activation,
             "max_active_dims": self.max_active_dims,
         }
-
-
-def _read_object(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UnsupportedModel(f"{path}: cannot be read as JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise UnsupportedModel(f"{path}: not an object")
-    return value
 
 
 def _class_name(module: dict) -> str:
@@ -75,7 +66,7 @@ def read_sparse_chain(folder: Path) -> SparseSpec | None:
             "as MLMTransformer -> SpladePooling)"
         )
     pooling_file = folder / str(chain[1].get("path", "")) / "config.json"
-    config = _read_object(pooling_file) if pooling_file.is_file() else {}
+    config = read_json_object(pooling_file) if pooling_file.is_file() else {}
     pooling = config.get("pooling_strategy", "max")
     activation = config.get("activation_function", "relu")
     if pooling not in POOLING_STRATEGIES:
@@ -91,14 +82,14 @@ def read_sparse_chain(folder: Path) -> SparseSpec | None:
 
 def _transformer_task(folder: Path, module: dict) -> str | None:
     path = folder / str(module.get("path", "")) / "sentence_bert_config.json"
-    return _read_object(path).get("transformer_task") if path.is_file() else None
+    return read_json_object(path).get("transformer_task") if path.is_file() else None
 
 
 def _max_active_dims(folder: Path) -> int | None:
     path = folder / "config_sentence_transformers.json"
     if not path.is_file():
         return None
-    value = _read_object(path).get("max_active_dims")
+    value = read_json_object(path).get("max_active_dims")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -474,64 +474,27 @@ class RouterApp:
         each attempt already has; elsewhere by a watcher task. `trace`: the request's spans,
         when traces are on (the pool adds its own under them)."""
         hang_up = scope.get("extensions", {}).get(HANG_UP_EXTENSION)
+        rid = request_id.current.get()
+        spans = trace.dispatch if trace is not None else None
         if hang_up is None:
-            return await self._dispatch_own_nursery(
-                receive, deployment, route, body, timeout_s, trace
+            return await _dispatch_watching_receive(
+                receive,
+                lambda: self.core.request_raw(
+                    deployment, route, body, timeout_s=timeout_s, request_id=rid, trace=spans
+                ),
             )
         try:
-            if trace is not None:
-                return await self.core.request_raw(
-                    deployment, route, body, timeout_s=timeout_s,
-                    request_id=request_id.current.get(), watch=hang_up["watch"],
-                    trace=trace.dispatch,
-                )  # fmt: skip
             return await self.core.request_raw(
                 deployment,
                 route,
                 body,
                 timeout_s=timeout_s,
-                request_id=request_id.current.get(),
+                request_id=rid,
                 watch=hang_up["watch"],
+                trace=spans,
             )
         except ClientDisconnected:
             return None  # the caller hung up
-
-    async def _dispatch_own_nursery(
-        self,
-        receive: Receive,
-        deployment: str,
-        route: str,
-        body: bytes,
-        timeout_s: float | None,
-        trace: RequestTrace | None = None,
-    ) -> Reply | None:
-        """The same under an ASGI server without the extension (and the in-memory test
-        client): a watcher task in a nursery of its own, waiting in `receive()`."""
-        reply = None
-        failure: RequestError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            try:
-                if trace is None:
-                    reply = await self.core.request_raw(
-                        deployment,
-                        route,
-                        body,
-                        timeout_s=timeout_s,
-                        request_id=request_id.current.get(),
-                    )
-                else:
-                    reply = await self.core.request_raw(
-                        deployment, route, body, timeout_s=timeout_s,
-                        request_id=request_id.current.get(), trace=trace.dispatch,
-                    )  # fmt: skip
-            except RequestError as error:  # raised here, not wrapped in the nursery's group
-                failure = error
-            finally:
-                nursery.cancel_scope.cancel()
-        if failure is not None:
-            raise failure
-        return reply
 
     async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"status": "ok"})
@@ -726,3 +689,24 @@ def _route_table(routes: list[tuple[str, dict[str, Handler]]]) -> dict[str, dict
 def _no_route(path: str) -> NotFound:
     # The fault route is absent unless fault injection is on; its 404 says how to turn it on.
     return disabled_fault_route() if path == FAULTS_PATH else NotFound(f"no route {path}")
+
+
+async def _dispatch_watching_receive(
+    receive: Receive, request: Callable[[], Awaitable[Reply]]
+) -> Reply | None:
+    """`request()` under an ASGI server without the hang-up extension (and the in-memory
+    test client): a watcher task in a nursery of its own, waiting in `receive()`, cancels
+    it when the caller hangs up; None when it did."""
+    reply = None
+    failure: RequestError | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+        try:
+            reply = await request()
+        except RequestError as error:  # raised here, not wrapped in the nursery's group
+            failure = error
+        finally:
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return reply

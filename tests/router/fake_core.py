@@ -74,7 +74,7 @@ class FakeRouterCore:
         raise ModelNotFound(f"model {model!r} is not a deployment or its artifact")
 
     async def request_raw(
-        self, deployment, path, body, timeout_s=None, request_id=None, watch=None
+        self, deployment, path, body, timeout_s=None, request_id=None, watch=None, trace=None
     ):
         self.calls.append((deployment, path, body, timeout_s))
         self.request_ids.append(request_id)
