@@ -72,7 +72,6 @@ from sr.http.jsonbody import dump_json, json_kind, parse_json_object
 from sr.request_id import current as current_request_id
 from sr.router import tei_tasks
 from sr.router.tei_fields import (
-    check_fields,
     flag,
     is_int,
     prompt,
@@ -89,7 +88,7 @@ from sr.router.tei_tasks import (
     TOKEN_CLASSIFICATION,
 )
 from sr.worker.timing import WorkerTiming
-from sr.worker.validation import TOO_MANY_TOKENS
+from sr.worker.validation import TOO_MANY_TOKENS, check_fields
 
 EMBED, RERANK, TOKENIZE, ROOT = "/embed", "/rerank", "/tokenize", "/"
 EMBED_ALL, DECODE, EMBED_SPARSE = "/embed_all", "/decode", "/embed_sparse"
@@ -228,7 +227,7 @@ def parse_request(
         raise InvalidRequest(f"model: expected a non-empty string, got {json_kind(model)}")
     if path == PEER_RERANK:  # the native body: the worker reads the peers' fields
         return TeiRequest(_NATIVE_ROUTE[path], body, model, path, body)
-    check_fields(body, _FIELDS[path], _REQUIRED[path], path)
+    check_fields(body, allowed=_FIELDS[path], required=_REQUIRED[path], route=path)
     native = _BODIES[path](body)
     if model is not None:
         native["model"] = model  # the worker checks it (sr.worker.served_as)

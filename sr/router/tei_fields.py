@@ -3,27 +3,10 @@ Pure; shared by sr.router.tei (the routes) and sr.router.tei_tasks (the task bod
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from sr.errors import EmptyInput, InvalidRequest
 from sr.http.jsonbody import json_kind
-
-
-def check_fields(
-    body: dict[str, Any], allowed: Iterable[str], required: Iterable[str], where: str
-) -> None:
-    """Unknown fields refused (TEI ignores them; a misspelt `normalise` must not silently
-    serve the default), required ones present."""
-    allowed = frozenset(allowed)
-    for name in body:
-        if name not in allowed:
-            raise InvalidRequest(
-                f"{name}: unknown field for {where}; allowed: {', '.join(sorted(allowed))}"
-            )
-    for name in required:
-        if name not in body:
-            raise InvalidRequest(f"{name}: required field is missing")
 
 
 def text(value: Any, field: str) -> str:

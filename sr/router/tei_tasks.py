@@ -26,7 +26,8 @@ from typing import Any
 
 from sr.errors import EmptyInput, InvalidRequest
 from sr.http.jsonbody import dump_json, json_kind
-from sr.router.tei_fields import check_fields, flag, prompt, text, texts, truncation
+from sr.router.tei_fields import flag, prompt, text, texts, truncation
+from sr.worker.validation import check_fields
 
 SIMILARITY, PREDICT = "/similarity", "/predict"
 TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION = "text-classification", "token-classification"
@@ -43,6 +44,7 @@ FIELDS = {
     TEXT_CLASSIFICATION: frozenset({"inputs", "parameters", "model"}),
     TOKEN_CLASSIFICATION: frozenset({"inputs", "parameters", "model"}),
 }
+_SIMILARITY_INPUTS = ("source_sentence", "sentences")
 _SIMILARITY_PARAMETERS = frozenset({"truncate", "truncation_direction", "prompt_name"})
 _TEXT_PARAMETERS = frozenset({"top_k", "function_to_apply"})
 _FUNCTIONS = ("sigmoid", "softmax", "none")
@@ -56,8 +58,12 @@ def similarity_body(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest(
             f"inputs: expected an object {{source_sentence, sentences}}, got {json_kind(inputs)}"
         )
-    check_fields(inputs, {"source_sentence", "sentences"}, ("source_sentence", "sentences"),
-                 "inputs of /similarity")  # fmt: skip
+    check_fields(
+        inputs,
+        allowed=_SIMILARITY_INPUTS,
+        required=_SIMILARITY_INPUTS,
+        route="inputs of /similarity",
+    )
     source = text(inputs["source_sentence"], "inputs.source_sentence")
     sentences = inputs["sentences"]
     if not isinstance(sentences, list):

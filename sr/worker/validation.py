@@ -5,7 +5,7 @@ Size caps are 413 `request_too_large`; everything else malformed is 400 `invalid
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from sr.errors import InvalidRequest, RequestTooLarge
@@ -29,12 +29,21 @@ def parse_object(body: bytes) -> dict[str, Any]:
 
 
 def check_fields(
-    obj: dict, *, allowed: frozenset[str], required: tuple[str, ...], where: str = ""
+    obj: dict,
+    *,
+    allowed: Collection[str],
+    required: Iterable[str] = (),
+    where: str = "",
+    route: str = "",
 ) -> None:
+    """Unknown fields refused (a misspelt `normalise` must not silently serve the default),
+    required ones present. `where` prefixes nested fields' names (`input[0].`); `route`,
+    when given, is named in the message (`top_k: unknown field for /rerank`)."""
     for name in obj:
         if name not in allowed:
+            for_route = f" for {route}" if route else ""
             raise InvalidRequest(
-                f"{where}{name}: unknown field; allowed: {', '.join(sorted(allowed))}"
+                f"{where}{name}: unknown field{for_route}; allowed: {', '.join(sorted(allowed))}"
             )
     for name in required:
         if name not in obj:
