@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from sr.config.schema import DEFAULT_KERNEL, Deployment, Replica
@@ -117,38 +118,28 @@ def incompatibility(deployment: Deployment, card: dict) -> str | None:
     return None
 
 
+@attrs.define(eq=False, kw_only=True)  # eq=False: runners are keys, by identity
 class ReplicaRunner:
-    def __init__(
-        self,
-        *,
-        record: ReplicaRecord,
-        placement: Replica,
-        deployment: Deployment,
-        policy: DeploymentPolicy,
-        threads: int,
-        run_dir: Path,
-        settings: Settings | None = None,
-        worker_factory: Callable[[Any], Any] | None = None,
-        connect_endpoint: Callable[[str], Transport] | None = None,
-    ) -> None:
-        """`settings`: the router's (sr.settings); a managed worker starts with their
-        environment (default: read when it starts)."""
-        self.record = record
-        self.placement = placement
-        self.deployment = deployment
-        self.policy = policy
-        self.threads = threads
-        self.run_dir = run_dir
-        self.settings = settings
-        self.worker_factory = worker_factory
-        self.connect_endpoint = connect_endpoint or _http_endpoint
-        self.transport: Transport | None = None
-        self.cancel_scope = trio.CancelScope()
-        self.done = trio.Event()
-        self._probe_now = trio.Event()
-        self._incarnation = 0
-        self._last_worker_message = ""
-        self._last_exit_note = ""
+    record: ReplicaRecord
+    placement: Replica
+    deployment: Deployment
+    policy: DeploymentPolicy
+    threads: int
+    run_dir: Path
+    # The router's (sr.settings); a managed worker starts with their environment (None:
+    # read when it starts).
+    settings: Settings | None = None
+    worker_factory: Callable[[Any], Any] | None = None
+    connect_endpoint: Callable[[str], Transport] = attrs.field(
+        default=None, converter=lambda given: given or _http_endpoint
+    )
+    transport: Transport | None = attrs.field(default=None, init=False)
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, init=False)
+    done: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _probe_now: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _incarnation: int = attrs.field(default=0, init=False)
+    _last_worker_message: str = attrs.field(default="", init=False)
+    _last_exit_note: str = attrs.field(default="", init=False)
 
     # -- public ---------------------------------------------------------------------
     def request_probe(self) -> None:

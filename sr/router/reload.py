@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from sr.config.schema import SrConfig
 from sr.errors import (
     ConfigError,
@@ -43,23 +45,15 @@ def reload_summary(config: SrConfig) -> dict[str, Any]:
     }
 
 
+@attrs.define
 class ConfigReloader:
-    def __init__(
-        self,
-        core: Any,
-        config_path: str | os.PathLike,
-        *,
-        current: SrConfig,
-        adopt: Callable[[SrConfig], None],
-        events: EventSink,
-        sources: ModelSources | None = None,
-    ):
-        self.core = core
-        self.config_path = config_path
-        self.current = current
-        self._adopt = adopt
-        self._events = events
-        self._sources = sources  # where artifacts resolve, for the folders' input limits
+    core: Any
+    config_path: str | os.PathLike
+    current: SrConfig = attrs.field(kw_only=True)
+    _adopt: Callable[[SrConfig], None] = attrs.field(kw_only=True)
+    _events: EventSink = attrs.field(kw_only=True)
+    # where artifacts resolve, for the folders' input limits
+    _sources: ModelSources | None = attrs.field(default=None, kw_only=True)
 
     async def reload(self) -> dict[str, Any]:
         """Re-read the file and apply it; InvalidConfig, ReloadFailed or ReloadInProgress."""
