@@ -11,10 +11,12 @@ methods as its own (`router.embed`); this module knows the pool only through `Di
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from sr.api import codec, results
+
+Result = TypeVar("Result")
 
 
 class Answer(Protocol):
@@ -75,9 +77,9 @@ class TypedApi:
         body = codec.embeddings_body(
             texts, dimensions=dimensions, truncate=truncate, prompt_name=prompt_name
         )
-        name, answer = await self._answer(deployment, "/v1/embeddings", body, timeout_s)
-        count = 1 if isinstance(texts, str) else len(body["input"])
-        return codec.parse_embeddings(answer, name, count=count)
+        return await self._per_text(
+            deployment, "/v1/embeddings", body, timeout_s, codec.parse_embeddings
+        )
 
     async def classify(
         self,
@@ -91,9 +93,9 @@ class TypedApi:
         """Label probabilities per text (/v1/classify): the model's own head, or zero-shot
         over `labels` (label -> description)."""
         body = codec.classify_body(texts, labels=labels, truncate=truncate)
-        name, answer = await self._answer(deployment, "/v1/classify", body, timeout_s)
-        count = 1 if isinstance(texts, str) else len(body["input"])
-        return codec.parse_classifications(answer, name, count=count)
+        return await self._per_text(
+            deployment, "/v1/classify", body, timeout_s, codec.parse_classifications
+        )
 
     async def decide(
         self,
@@ -123,6 +125,20 @@ class TypedApi:
         body = codec.rerank_body(query, documents, top_n=top_n, truncate=truncate)
         name, answer = await self._answer(deployment, "/v1/rerank", body, timeout_s)
         return codec.parse_reranking(answer, name, documents=body["documents"])
+
+    async def _per_text(
+        self,
+        model: str,
+        path: str,
+        body: dict[str, Any],
+        timeout_s: float | None,
+        parse: Callable[..., Result],
+    ) -> Result:
+        """A route that answers one item per input text, read by `parse`, which checks
+        that there are as many as the texts sent (one for a single string)."""
+        name, answer = await self._answer(model, path, body, timeout_s)
+        texts = body["input"]
+        return parse(answer, name, count=1 if isinstance(texts, str) else len(texts))
 
     async def _answer(
         self, model: str, path: str, body: dict[str, Any], timeout_s: float | None

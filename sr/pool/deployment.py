@@ -67,10 +67,9 @@ class DeploymentPool:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with self.cancel_scope:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._timers)
+                self._nursery = nursery  # the replicas' tasks run here
                 task_status.started()
-                await trio.sleep_forever()
+                await self._timers()  # for ever
 
     async def start_runner(self, runner: ReplicaRunner) -> None:
         assert self._nursery is not None

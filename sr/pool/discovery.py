@@ -211,9 +211,9 @@ class DiscoveryGroup:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with self.cancel_scope:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._resolve_loop)
+                self._nursery = nursery  # the members' tasks run here
                 task_status.started()
+                await self._resolve_loop()  # until stopped; the members drain after it
 
     async def retire(self, drain_timeout_s: float) -> None:
         """Stop resolving; drain every member, drop joining ones; then end the task."""
