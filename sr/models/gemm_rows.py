@@ -88,6 +88,27 @@ def min_consistent_rows(
     return cut_off
 
 
+def measured_at(device: torch.device, threads: int) -> dict[tuple[int, int, str, torch.dtype], int]:
+    """The cut-offs known in this process at `device` and `threads`:
+    (in_features, out_features, kernel, dtype) -> rows."""
+    with _lock:
+        return {
+            key[2:]: rows
+            for key, rows in _cut_offs.items()
+            if key[0] == str(device) and key[1] == threads
+        }
+
+
+def adopt(
+    device: torch.device, threads: int, known: dict[tuple[int, int, str, torch.dtype], int]
+) -> None:
+    """Take `known` (as `measured_at` gives them) as measured: kept from an earlier
+    measure of this host (sr.models.probe_cache)."""
+    with _lock:
+        for (in_features, out_features, kernel, dtype), rows in known.items():
+            _cut_offs[(str(device), threads, in_features, out_features, kernel, dtype)] = rows
+
+
 def threads_agree(
     device: torch.device,
     in_features: int,

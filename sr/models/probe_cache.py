@@ -9,6 +9,11 @@ variables torch's native libraries read (OMP_*, MKL_*, DNNL_*, ...), and PROBE_V
 (raised whenever the probe's rules change). Any of those differing is
 another key, so a kept answer is one the probe would give again.
 
+The short-matrix cut-offs (sr.models.gemm_rows: how many rows a product needs before its
+rows stop depending on the row count) are the same kind of answer, measured for each of a
+model's product shapes when its fork server loads it: about a quarter of a second of every
+start for MiniLM. They are kept in a second file, per probe key and shape and kernel.
+
 Where: sr.settings.host_cache_dir (`$SR_CACHE_DIR`, else `$XDG_CACHE_HOME/sr`, else
 `~/.cache/sr`; `SR_CACHE_DIR=off` turns the cache off); one JSON file, replaced atomically.
 Best effort: a file that cannot be read or written costs a probe, never a start.
@@ -27,7 +32,9 @@ import torch
 
 PROBE_VERSION = 1
 FILE_NAME = "kernel-probe.json"
+CUT_OFF_FILE_NAME = "gemm-cut-offs.json"
 _MAX_ENTRIES = 64  # hosts, torch versions and thread counts one home has seen
+_MAX_CUT_OFFS = 1024  # a model has 4 to 8 product shapes
 
 
 def cache_file(folder: Path | None) -> Path | None:
@@ -74,7 +81,53 @@ def load(path: Path | None, key: str) -> dict[str, str] | None:
 
 def store(path: Path | None, key: str, choice: Mapping[str, str]) -> None:
     """Keep `choice` under `key` (the file replaced atomically); errors are ignored."""
+    entry = {"linear": choice["linear"], "reason": choice["reason"]}
+    _replace_entries(path, {key: entry}, _MAX_ENTRIES)
+
+
+def cut_off_file(folder: Path | None) -> Path | None:
+    """The file of measured cut-offs in `folder` (None: the cache is off)."""
+    return None if folder is None else folder / CUT_OFF_FILE_NAME
+
+
+def cut_off_key(base: str, in_features: int, out_features: int, kernel: str) -> str:
+    """One product shape's key under `base`, a `probe_key` (the host, dtype and threads)."""
+    return f"{base}:{in_features}x{out_features}:{kernel}"
+
+
+def load_cut_offs(path: Path | None, base: str) -> dict[tuple[int, int, str], int]:
+    """The cut-offs kept under `base` (a `probe_key`): (in, out, kernel) -> rows."""
     if path is None:
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    kept = {}
+    for key, rows in entries.items() if isinstance(entries, dict) else ():
+        head, _, shape_and_kernel = key.partition(":")
+        shape, _, kernel = shape_and_kernel.partition(":")
+        in_features, _, out_features = shape.partition("x")
+        if (
+            head == base
+            and in_features.isdigit()
+            and out_features.isdigit()
+            and isinstance(rows, int)
+            and not isinstance(rows, bool)
+        ):
+            kept[(int(in_features), int(out_features), kernel)] = rows
+    return kept
+
+
+def store_cut_offs(path: Path | None, cut_offs: Mapping[str, int]) -> None:
+    """Keep `cut_offs` (key -> rows), the file replaced atomically; errors are ignored."""
+    _replace_entries(path, dict(cut_offs), _MAX_CUT_OFFS)
+
+
+def _replace_entries(path: Path | None, new: dict[str, object], most: int) -> None:
+    """`path`'s entries with `new` added last (the oldest dropped past `most`), written to a
+    temporary file and renamed over it; a damaged file is started afresh."""
+    if path is None or not new:
         return
     try:
         try:
@@ -82,10 +135,11 @@ def store(path: Path | None, key: str, choice: Mapping[str, str]) -> None:
             entries = entries if isinstance(entries, dict) else {}
         except (OSError, ValueError):
             entries = {}
-        entries.pop(key, None)
-        while len(entries) >= _MAX_ENTRIES:
+        for key in new:
+            entries.pop(key, None)
+        while entries and len(entries) + len(new) > most:
             entries.pop(next(iter(entries)))
-        entries[key] = {"linear": choice["linear"], "reason": choice["reason"]}
+        entries.update(new)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as out:
             try:

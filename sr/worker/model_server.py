@@ -19,8 +19,9 @@ Rules:
   probes.
 * Every check a worker makes at start still runs in each replica, on the shared model: the
   golden check, the batching probe, thread calibration. Each replica sets its own threads.
-  The one exception is the cut-off at 1 thread, measured here at load: a replica at 1
-  thread inherits it (and the oneDNN primitives the measure made) instead of measuring it.
+  The one exception is the cut-off at 1 thread, found here at load: a replica at 1 thread
+  inherits it instead of measuring it. Like the kernel choice it is kept on disk per host
+  (sr.models.probe_cache): measuring a model's shapes takes about 0.3 s of each start.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import attrs
 import torch
 
 from sr.config.precision import cpu_flags, resolve_precision
-from sr.models import kernels, linear, probe_cache
+from sr.models import gemm_rows, kernels, linear, probe_cache
 from sr.models.blocks import torch_dtype
 from sr.models.encoder import torch_device
 from sr.settings import host_cache_dir, native_library_variables
@@ -68,10 +69,8 @@ def preload(argv: list[str]) -> dict:
             linear.adopt_choice(device, dtype, _host_choice(device, dtype, fresh_threads))
         kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
     model = load_from_artifact(served)
-    # The 1-thread cut-offs, measured here so that replicas at 1 thread inherit them: the
-    # measure runs each product at every row count under PROBE_ROWS, and oneDNN keeps a
-    # primitive per row count, which each replica would otherwise make and keep privately.
-    model.calibrate_threads()
+    # The 1-thread cut-offs, found here so that replicas at 1 thread inherit them.
+    _calibrate(model, torch_device(served.device), {torch_dtype(served.dtype), torch.float32})
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise RuntimeError(f"loading the model left {threads} threads; forking needs 1")
@@ -91,6 +90,28 @@ def _host_choice(device: torch.device, dtype: torch.dtype, threads: int) -> line
     choice = _probe_in_child(device, dtype, threads)
     probe_cache.store(path, key, choice.card())
     return choice
+
+
+def _calibrate(model, device: torch.device, dtypes: set[torch.dtype]) -> None:
+    """`model`'s cut-offs at 1 thread (sr.models.gemm_rows), from an earlier start of this
+    host where kept (sr.models.probe_cache), else measured now and kept."""
+    path = probe_cache.cut_off_file(host_cache_dir())
+    native = native_library_variables()
+    bases = {dtype: probe_cache.probe_key(device, dtype, 1, native) for dtype in dtypes}
+    kept = {
+        (*shape, dtype): rows
+        for dtype, base in bases.items()
+        for shape, rows in probe_cache.load_cut_offs(path, base).items()
+    }
+    gemm_rows.adopt(device, 1, kept)
+    model.calibrate_threads()
+    measured = gemm_rows.measured_at(device, 1)
+    new = {
+        probe_cache.cut_off_key(bases[dtype], in_features, out_features, kernel): rows
+        for (in_features, out_features, kernel, dtype), rows in measured.items()
+        if dtype in bases and (in_features, out_features, kernel, dtype) not in kept
+    }
+    probe_cache.store_cut_offs(path, new)
 
 
 def _probe_in_child(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:

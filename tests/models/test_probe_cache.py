@@ -77,3 +77,52 @@ def test_the_model_server_probes_once_and_then_takes_the_kept_choice(tmp_path, m
     assert again == model_server.linear.KernelChoice("blas", "probed (probed at an earlier start)")
     assert other_count.reason == "probed"
     assert probes == [(CPU, torch.float32, 2), (CPU, torch.float32, 1)]
+
+
+def test_cut_offs_are_kept_per_key_and_shape_and_kernel(tmp_path):
+    path = probe_cache.cut_off_file(tmp_path)
+    one = probe_cache.probe_key(CPU, torch.float32, 1, {})
+    two = probe_cache.probe_key(CPU, torch.float32, 2, {})
+    assert probe_cache.load_cut_offs(path, one) == {}  # no file yet
+    probe_cache.store_cut_offs(path, {
+        probe_cache.cut_off_key(one, 384, 1152, "onednn"): 2,
+        probe_cache.cut_off_key(one, 1536, 384, "blas"): 4,
+        probe_cache.cut_off_key(two, 384, 1152, "onednn"): 12,
+    })  # fmt: skip
+    kept = {(384, 1152, "onednn"): 2, (1536, 384, "blas"): 4}
+    assert probe_cache.load_cut_offs(path, one) == kept
+    assert probe_cache.load_cut_offs(path, two) == {(384, 1152, "onednn"): 12}
+    path.write_text(json.dumps({probe_cache.cut_off_key(one, 8, 8, "blas"): "2", "x": 1}))
+    assert probe_cache.load_cut_offs(path, one) == {}  # damaged entries are not kept ones
+    probe_cache.store_cut_offs(None, {"k": 1})  # the cache off: nothing written, nothing raised
+
+
+def test_the_model_server_measures_cut_offs_once_per_host(tmp_path, monkeypatch, tiny_model_dir):
+    """A later start takes the kept cut-offs, the same ones, and measures nothing."""
+    from sr.models import gemm_rows, load_model
+
+    monkeypatch.setenv("SR_CACHE_DIR", str(tmp_path))
+    measures = []
+    real_measure = gemm_rows._measure
+
+    def measure(*args):
+        measures.append(args)
+        return real_measure(*args)
+
+    monkeypatch.setattr(gemm_rows, "_measure", measure)
+    monkeypatch.setattr(gemm_rows, "_cut_offs", {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model_server._calibrate(load_model(tiny_model_dir), CPU, {torch.float32})
+        first = gemm_rows.measured_at(CPU, 1)
+        assert measures and first
+        measures.clear()
+        monkeypatch.setattr(gemm_rows, "_cut_offs", {})  # a new process
+        model = load_model(tiny_model_dir)
+        model_server._calibrate(model, CPU, {torch.float32})
+        assert measures == []
+        assert gemm_rows.measured_at(CPU, 1) == first
+        assert model.calibrate_threads() == max(2, *first.values())
+    finally:
+        torch.set_num_threads(before)
