@@ -68,12 +68,7 @@ def probe_key(
 
 def load(path: Path | None, key: str) -> dict[str, str] | None:
     """The choice kept under `key` ({"linear", "reason"}), or None."""
-    if path is None:
-        return None
-    try:
-        entry = json.loads(path.read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    entry = _entries(path).get(key)
     if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("linear", "reason")):
         return {"linear": entry["linear"], "reason": entry["reason"]}
     return None
@@ -97,14 +92,8 @@ def cut_off_key(base: str, in_features: int, out_features: int, kernel: str) -> 
 
 def load_cut_offs(path: Path | None, base: str) -> dict[tuple[int, int, str], int]:
     """The cut-offs kept under `base` (a `probe_key`): (in, out, kernel) -> rows."""
-    if path is None:
-        return {}
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
     kept = {}
-    for key, rows in entries.items() if isinstance(entries, dict) else ():
+    for key, rows in _entries(path).items():
         head, _, shape_and_kernel = key.partition(":")
         shape, _, kernel = shape_and_kernel.partition(":")
         in_features, _, out_features = shape.partition("x")
@@ -129,12 +118,8 @@ def _replace_entries(path: Path | None, new: dict[str, object], most: int) -> No
     temporary file and renamed over it; a damaged file is started afresh."""
     if path is None or not new:
         return
+    entries = _entries(path)
     try:
-        try:
-            entries = json.loads(path.read_text())
-            entries = entries if isinstance(entries, dict) else {}
-        except (OSError, ValueError):
-            entries = {}
         for key in new:
             entries.pop(key, None)
         while entries and len(entries) + len(new) > most:
@@ -150,3 +135,14 @@ def _replace_entries(path: Path | None, new: dict[str, object], most: int) -> No
         os.replace(out.name, path)
     except OSError:
         return
+
+
+def _entries(path: Path | None) -> dict:
+    """`path`'s entries; none where the cache is off or the file missing or damaged."""
+    if path is None:
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
