@@ -41,17 +41,17 @@ class EncoderModel:
         layout: CheckpointLayout,
         backbone,
         tokenizer: Tokenizer,
-        device: torch.device,
-        kernel: str | None = None,
-        adapter: Adapter | None = None,
-        sparse_head: SpladeHead | None = None,
+        *,
+        kernel: str | None,
+        adapter: Adapter | None,
+        sparse_head: SpladeHead | None,
     ):
         self.artifact_dir = artifact_dir
         # A LoRA adapter merged into its base's weights (sr.models.adapter), or None.
         self.adapter = adapter
         self.layout = layout
         self.backbone = backbone
-        self.device = device
+        self.device: torch.device = backbone.device  # the one device the weights live on
         self.tokenizer = tokenizer
         self.max_position_embeddings: int = backbone.max_positions
         self.max_seq_length: int | None = layout.max_seq_length
@@ -59,8 +59,8 @@ class EncoderModel:
         # float32 here); the last one's out_features is the embedding size.
         self.dense = DenseStack(
             adapter.base_dir if adapter else artifact_dir, layout.dense,
-            backbone.hidden_size * len(layout.pooling_modes), device,
-            choose_kernel(device, torch.float32, kernel).linear,
+            backbone.hidden_size * len(layout.pooling_modes), self.device,
+            choose_kernel(self.device, torch.float32, kernel).linear,
         )  # fmt: skip
         self.embedding_dim: int = self.dense.out_features
         self.pooling_modes = layout.pooling_modes
@@ -388,7 +388,10 @@ def load_model(
     sparse_head = (
         SpladeHead(layout.sparse, layout.config, weights, target) if layout.sparse else None
     )
-    model = EncoderModel(folder, layout, backbone, tokenizer, target, kernel, adapter, sparse_head)
+    model = EncoderModel(
+        folder, layout, backbone, tokenizer, kernel=kernel, adapter=adapter,
+        sparse_head=sparse_head,
+    )  # fmt: skip
     model.dtype = precision  # what the backbone computes in (golden tolerance, the card)
     if engine == "onnxruntime":
         from sr.models.onnx_engine import OrtBackbone, export_graph

@@ -40,6 +40,7 @@ from sr.models.blocks import (
     window_masks,
 )
 from sr.models.linear import Linear
+from sr.models.qwen3 import normed_rotated_heads
 
 # transformers' Gemma3TextConfig defaults, for keys a config.json leaves out.
 _DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
@@ -217,14 +218,12 @@ class Gemma3Encoder(PackedEncoder):
             qkv = layer.qkv(gemma_rms_norm(x, layer.ln_attn_in, eps))
             if pad:
                 qkv = qkv[:tokens]
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=1)
-            q = gemma_rms_norm(q.reshape(tokens, -1, dim), layer.q_norm, eps)
-            k = gemma_rms_norm(k.reshape(tokens, -1, dim), layer.k_norm, eps)
-            q = layer.rotary.apply(q, positions)
-            k = layer.rotary.apply(k, positions)
+            q, k, v = normed_rotated_heads(
+                qkv, (q_size, kv_size, kv_size), dim,
+                (gemma_rms_norm, eps, layer.q_norm, layer.k_norm), layer.rotary, positions,
+            )  # fmt: skip
             mask_for = sliding if layer.window else None
-            ctx = attention(q, k, v.reshape(tokens, -1, dim), packed, scale=self.scale,
-                            mask_for=mask_for)  # fmt: skip
+            ctx = attention(q, k, v, packed, scale=self.scale, mask_for=mask_for)
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
             x = x + gemma_rms_norm(layer.o(ctx), layer.ln_attn_out, eps)

@@ -57,6 +57,26 @@ def _check_config(config: dict) -> float:
     return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
 
 
+def normed_rotated_heads(
+    qkv: torch.Tensor,
+    sizes: tuple[int, int, int],
+    dim: int,
+    norms: tuple,
+    rotary: Rotary,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v [T, heads, dim] from one packed q/k/v product [T, sum(sizes)]: q and k
+    each RMS-normed per head and then rotated, as Qwen3 and Gemma 3 (which took the per-head
+    norm from it) both do. `norms` is (norm, eps, q weight, k weight): the two families
+    normalise differently."""
+    tokens = qkv.shape[0]
+    norm, eps, q_weight, k_weight = norms
+    q, k, v = qkv.split(sizes, dim=1)
+    q = rotary.apply(norm(q.reshape(tokens, -1, dim), q_weight, eps), positions)
+    k = rotary.apply(norm(k.reshape(tokens, -1, dim), k_weight, eps), positions)
+    return q, k, v.reshape(tokens, -1, dim)
+
+
 class _Layer:
     """One decoder block's products and norms. q, k and v (and gate and up) are each one
     product of the three (two) weights joined (sr.models.linear): on BLAS one product per
@@ -159,12 +179,11 @@ class Qwen3Encoder(PackedEncoder):
             qkv = layer.qkv(normed)
             if pad:
                 qkv = qkv[:tokens]
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=1)
-            q = rms_norm(q.reshape(tokens, -1, dim), layer.q_norm, eps)
-            k = rms_norm(k.reshape(tokens, -1, dim), layer.k_norm, eps)
-            q = self.rotary.apply(q, positions)
-            k = self.rotary.apply(k, positions)
-            ctx = attention(q, k, v.reshape(tokens, -1, dim), packed, scale=self.scale, causal=True)
+            q, k, v = normed_rotated_heads(
+                qkv, (q_size, kv_size, kv_size), dim, (rms_norm, eps, layer.q_norm, layer.k_norm),
+                self.rotary, positions,
+            )  # fmt: skip
+            ctx = attention(q, k, v, packed, scale=self.scale, causal=True)
             if pad:
                 ctx = F.pad(ctx, (0, 0, 0, pad))
             x = layer.o(ctx, residual=x)
