@@ -146,6 +146,37 @@ def test_cohere_client_v2_rerank(server, logits):
     assert [r.relevance_score for r in again.results] == [r.relevance_score for r in answer.results]
 
 
+def test_cohere_max_tokens_per_doc_scores_each_documents_first_tokens(server):
+    """Cohere's `max_tokens_per_doc` on /v2/rerank (the client's call) and /v1/rerank: the
+    reference pairs the query with each document's first n tokens, cut in the test."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(server.folder))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(server.folder))
+    query_ids = tokenizer(QUERY)["input_ids"]
+    expected = []
+    for document in DOCUMENTS:
+        first = tokenizer(document, add_special_tokens=False)["input_ids"][:3]
+        ids = [*query_ids, *first, tokenizer.sep_token_id]
+        types = [0] * len(query_ids) + [1] * (len(first) + 1)
+        with torch.no_grad():
+            logit = model(
+                input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])
+            ).logits[0, 0]
+        expected.append(_sigmoid(logit.item()))
+    client = cohere.ClientV2(api_key="unused", base_url=server.url)
+    answer = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS, max_tokens_per_doc=3)
+    by_index = {r.index: r.relevance_score for r in answer.results}
+    assert [by_index[i] for i in range(len(DOCUMENTS))] == pytest.approx(expected, abs=1e-6)
+    whole = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS)
+    assert {r.index: r.relevance_score for r in whole.results} != by_index
+    v1 = httpx.post(
+        f"{server.url}/v1/rerank",
+        json={"model": "reranker", "query": QUERY, "documents": DOCUMENTS,
+              "max_tokens_per_doc": 3},
+    )  # fmt: skip
+    assert v1.status_code == 200, v1.text
+    assert {r["index"]: r["relevance_score"] for r in v1.json()["results"]} == by_index
+
+
 def test_peer_rerank_bodies_on_rerank(server, logits):
     """The body vLLM's, Infinity's and litellm's huggingface providers post to /rerank."""
     expected = logits([(QUERY, d) for d in DOCUMENTS])
