@@ -103,6 +103,7 @@ BAD = [
     ({"query": QUERY, "documents": ["a"], "return_documents": "yes"}, "return_documents"),
     ({"query": QUERY, "documents": ["a"], "rank_fields": ["x", "y"]}, "rank_fields"),
     ({"query": QUERY, "documents": ["a"], "rank_fields": "text"}, "rank_fields"),
+    ({"query": QUERY, "documents": [{"title": "a"}, "b"], "rank_fields": ["title"]}, "rank_fields"),
     ({"query": QUERY, "documents": ["a"], "model": 3}, "model"),
 ]
 
