@@ -39,27 +39,27 @@ INFO_PATH = "/info"
 _MODEL_PARAMETER = "#/components/parameters/Model"
 _SCHEMAS = "#/components/schemas/"
 
-# What a deployment must serve for each request body: "any" (every model), "headless" (a
-# model without a classification head: TEI's root route reads `inputs` as the
-# text-classification task on one with a head), "sequence" (a text-classification head),
-# "rerank" (such a head with one output), "token" (a token-classification head), "sparse"
-# (a SPLADE model), "classify" (zero-shot labels on any, the head's own labels on a
-# sequence head).
+# What a deployment must serve for each request body: "any" (every model), "dense" (dense
+# vectors: every model but a sparse encoder), "headless" (a dense model without a
+# classification head: TEI's root route reads `inputs` as the text-classification task on
+# one with a head), "sequence" (a text-classification head), "rerank" (such a head with one
+# output), "token" (a token-classification head), "sparse" (a SPLADE model), "classify"
+# (zero-shot labels on a dense model, the head's own labels on one with a head).
 _NEEDS: dict[str, str] = {
-    "EmbeddingsRequest": "any",
+    "EmbeddingsRequest": "dense",
     "SparseEmbeddingsRequest": "sparse",
     "ClassifyRequest": "classify",
-    "DecisionsRequest": "any",
+    "DecisionsRequest": "dense",
     "RerankRequest": "rerank",
     "TokenizeRequest": "any",
     "TokenEmbeddingsRequest": "any",
     "DetokenizeRequest": "any",
-    "TeiEmbedRequest": "any",
+    "TeiEmbedRequest": "dense",
     "TeiEmbedSparseRequest": "sparse",
     "TeiRerankRequest": "rerank",
     "TeiEmbedAllRequest": "any",
     "TeiDecodeRequest": "any",
-    "TeiSimilarityRequest": "any",
+    "TeiSimilarityRequest": "dense",
     "TeiPredictRequest": "sequence",
     "TextClassificationTask": "sequence",
     "TeiTokenizeRequest": "any",
@@ -90,7 +90,9 @@ class ServedDeployment:
     def can(self, need: str) -> bool:
         if self.serves is None:
             return True
-        return need in ("any", "classify") or need in self.serves
+        if need == "classify":
+            return bool(self.serves & {"dense", "sequence", "token"})
+        return need == "any" or need in self.serves
 
     @property
     def head(self) -> str | None:
@@ -120,10 +122,12 @@ def served_deployment(
             serves.add("rerank")
     elif head_task == "token":
         serves.add("token")
-    else:
-        serves.add("headless")
     if card.get("sparse"):
         serves.add("sparse")
+    else:
+        serves.add("dense")
+        if head_task is None:
+            serves.add("headless")
     prompts = (card.get("prompts") or {}).get("texts")
     return ServedDeployment(
         name, artifact, frozenset(serves), vocab_size, card.get("embedding_dim"),

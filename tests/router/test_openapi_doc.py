@@ -132,3 +132,16 @@ def test_a_deployment_not_ready_yet_is_described_as_serving_every_body():
     assert "/v1/sparse_embeddings" in document["paths"]
     assert _valid(document, "/v1/rerank", {"model": "waiting", "query": "q", "documents": ["d"]})
     assert _valid(document, "/v1/embeddings", {"model": "waiting", "input": [10**6]})
+
+
+def test_a_sparse_encoder_is_named_by_the_sparse_routes_only():
+    splade_card = {**EMBEDDER_CARD, "sparse": {"pooling": "max", "activation": "relu"}}
+    splade = served_deployment("splade", "org/splade", splade_card, 30522)
+    document = _document(EMBEDDER, splade)
+    sparse = _body_schema(document, "/v1/sparse_embeddings")
+    assert sparse["properties"]["model"]["enum"] == ["splade", "org/splade"]
+    assert not _valid(document, "/v1/embeddings", {"model": "splade", "input": "hi"})
+    assert not _valid(
+        document, "/v1/classify", {"model": "splade", "input": "hi", "labels": {"a": "b"}}
+    )
+    assert _valid(document, "/v1/tokenize", {"model": "splade", "input": "hi"})
