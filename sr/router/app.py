@@ -518,13 +518,21 @@ class RouterApp:
         text = self.metrics.render(scrapes)
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
+    def _card_or_none(self, deployment: str) -> dict[str, Any] | None:
+        """A ready replica's card; None while there is none, or while a reload's new
+        deployment has no pool yet (the document then states no limits for it)."""
+        try:
+            return self.core.model_card(deployment)
+        except RequestError:
+            return None
+
     def _vocab_size(self, deployment: str) -> int | None:
         return openapi_doc.vocab_size(self._artifacts[deployment], self._revisions[deployment])
 
     async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         deployments = tuple(
             openapi_doc.served_deployment(
-                name, artifact, self.core.model_card(name), self._vocab_size(name)
+                name, artifact, self._card_or_none(name), self._vocab_size(name)
             )
             for name, artifact in sorted(self._artifacts.items())
         )
