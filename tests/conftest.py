@@ -34,3 +34,12 @@ def tiny_head_model_dir(tmp_path_factory) -> Path:
 if "SR_CACHE_DIR" not in os.environ:
     os.environ["SR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sr-test-cache-")
     atexit.register(shutil.rmtree, os.environ["SR_CACHE_DIR"], True)
+
+
+# The clients the e2e tests drive stay off the network: litellm reads its model cost map
+# from its own package instead of fetching it, haystack sends no telemetry, and
+# huggingface_hub does not fetch its agent registry from the Hub for its user agent. Each is
+# read when the library is imported, so set here, before any test module imports them.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

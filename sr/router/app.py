@@ -29,11 +29,9 @@ gets a server span, and the pool its spans under it; with them off, one None che
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
@@ -69,7 +67,7 @@ from sr.http.asgi import (
 from sr.http.hang_up import EXTENSION as HANG_UP_EXTENSION
 from sr.logs import AccessLog
 from sr.pool.views import Inventory, inventory_json, startup_status_json
-from sr.router import tei, tei_info
+from sr.router import openapi_doc, tei, tei_info
 from sr.router.auth import ApiKeyCheck
 from sr.router.cache import ResultCache, cache_key
 from sr.router.cors import CorsPolicy
@@ -225,6 +223,7 @@ class RouterApp:
         cache."""
         deployments = config.deployments
         self._artifacts = {name: d.artifact for name, d in deployments.items()}
+        self._revisions = {name: d.revision for name, d in deployments.items()}
         listener = config.listeners[0] if config.listeners else None
         self._auth = ApiKeyCheck(list(listener.api_keys) if listener else [])
         self._cors = CorsPolicy(listener.cors_allow_origins if listener else ())
@@ -519,8 +518,30 @@ class RouterApp:
         text = self.metrics.render(scrapes)
         await send_response(send, 200, text, content_type=METRICS_CONTENT_TYPE)
 
+    def _card_or_none(self, deployment: str) -> dict[str, Any] | None:
+        """A ready replica's card; None while there is none, or while a reload's new
+        deployment has no pool yet (the document then states no limits for it)."""
+        try:
+            return self.core.model_card(deployment)
+        except RequestError:
+            return None
+
+    def _vocab_size(self, deployment: str) -> int | None:
+        return openapi_doc.vocab_size(self._artifacts[deployment], self._revisions[deployment])
+
     async def _openapi(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await send_response(send, 200, _openapi_json(self._auth.enabled, self._fault_injection))
+        deployments = tuple(
+            openapi_doc.served_deployment(
+                name, artifact, self._card_or_none(name), self._vocab_size(name)
+            )
+            for name, artifact in sorted(self._artifacts.items())
+        )
+        document = openapi_doc.document_json(
+            api_keys=self._auth.enabled,
+            fault_injection=self._fault_injection,
+            deployments=deployments,
+        )
+        await send_response(send, 200, document)
 
     async def _preflight(self, scope: dict[str, Any], send: Send, origin: bytes) -> None:
         """A CORS preflight: 204 with what the origin may send, or 403 naming it."""
@@ -620,25 +641,6 @@ class _Answer:
                     self.replica = value.decode("latin-1")
             message = {**message, "headers": [*headers, *self.extra]}
         await self._send(message)
-
-
-@functools.cache
-def _openapi_json(api_keys: bool, fault_injection: bool) -> bytes:
-    """The shipped OpenAPI document (sr/router/openapi.yaml) as JSON, true to this router:
-    bearer security declared only when the listener has API keys, the fault route listed
-    only when fault injection is on. Built once per combination."""
-    import yaml
-
-    text = resources.files("sr.router").joinpath("openapi.yaml").read_text(encoding="utf-8")
-    document = yaml.safe_load(text)
-    if not api_keys:
-        document.pop("security", None)
-        for operations in document["paths"].values():
-            for operation in operations.values():
-                operation.pop("security", None)
-    if not fault_injection:
-        del document["paths"][FAULTS_PATH]
-    return json.dumps(document, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

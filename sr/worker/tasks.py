@@ -9,6 +9,7 @@ is plain Python on the floats the device thread returned, so no torch runs on th
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import struct
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from sr.errors import InvalidRequest, RequestTooLarge
 from sr.models.prompts import Prompts
 from sr.worker import peer_fields, timing, token_tasks
 from sr.worker import validation as v
+from sr.worker.document_cut import first_tokens
 from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
 from sr.worker.sparse_task import sparse_embeddings
@@ -44,9 +46,9 @@ _CLASSIFY_FIELDS = frozenset(
 )
 _DECISIONS_FIELDS = frozenset({"model", "state", "questions", "truncate"})
 # sr's, TEI's and the fields Cohere's and Jina's rerank APIs define (docs/clients.md's
-# table: `rank_fields` picks a document object's text; `max_chunks_per_doc` and
-# `max_tokens_per_doc` are accepted and not applied: a pair over input.max_tokens follows
-# the overflow rule).
+# table: `rank_fields` picks a document object's text; `max_tokens_per_doc` cuts each
+# document (sr.worker.document_cut); `max_chunks_per_doc` is accepted and not applied, as
+# sr never splits a document: a pair over input.max_tokens follows the overflow rule).
 _RERANK_FIELDS = frozenset(
     {
         "model", "query", "documents", "top_n", "return_documents", "truncate", "raw_scores",
@@ -330,9 +332,17 @@ class Tasks:
         query = v.text(body["query"], "query")
         given = body["documents"]
         documents, fields = v.documents(given, v.rank_field(body.get("rank_fields")))
-        for name in ("max_chunks_per_doc", "max_tokens_per_doc"):
-            if body.get(name) is not None:
-                v.positive_int(body[name], name)  # accepted and not applied (see above)
+        if body.get("max_chunks_per_doc") is not None:
+            v.positive_int(body["max_chunks_per_doc"], "max_chunks_per_doc")  # not applied
+        if body.get("max_tokens_per_doc") is not None:
+            max_tokens_per_doc = v.positive_int(body["max_tokens_per_doc"], "max_tokens_per_doc")
+            cut = functools.partial(
+                first_tokens, self.model.tokenizer, documents, max_tokens_per_doc
+            )
+            if sum(map(len, documents)) > _INLINE_TOKENIZE_CHARS:
+                documents = await trio.to_thread.run_sync(cut)
+            else:
+                documents = cut()
         top_n = v.positive_int(body["top_n"], "top_n") if "top_n" in body else len(documents)
         return_documents = v.boolean(body.get("return_documents", False), "return_documents")
         # The head's logit itself (TEI's raw_scores), not its sigmoid, which saturates.

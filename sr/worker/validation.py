@@ -157,7 +157,10 @@ def boolean(value: Any, field: str) -> bool:
 
 
 def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
-    """A non-empty {key: description} object with string keys and non-empty string values."""
+    """A non-empty {key: description} object with non-empty string values. A key is any
+    string, the empty one too: it only names its entry in the answer, and an OpenAPI 3.0
+    schema cannot constrain an object's keys, so refusing one would refuse bodies the
+    served document allows."""
     if not isinstance(value, dict):
         raise InvalidRequest(
             f"{field}: expected an object of key -> description, got {json_kind(value)}"
@@ -166,9 +169,6 @@ def text_map(value: Any, field: str, *, limit: int) -> dict[str, str]:
         raise InvalidRequest(f"{field}: must not be empty")
     if len(value) > limit:
         raise RequestTooLarge(f"{field}: {len(value)} entries; the limit is {limit}")
-    for key in value:
-        if not key:
-            raise InvalidRequest(f"{field}: keys must not be empty")
     return {key: text(description, f"{field}.{key}") for key, description in value.items()}
 
 
@@ -203,7 +203,16 @@ def rank_field(value: Any) -> str:
 
 def documents(value: Any, field_name: str) -> tuple[list[str], list[str]]:
     """Rerank `documents`: strings, or objects whose `field_name` (`text` unless
-    rank_fields names another) is the text, as Cohere's and Jina's APIs take them."""
+    rank_fields names another) is the text, as Cohere's and Jina's APIs take them. A
+    string document has no other field, so naming one is refused, as an object lacking
+    it is."""
+    if field_name != "text" and isinstance(value, list):
+        for index, document in enumerate(value):
+            if isinstance(document, str):
+                raise InvalidRequest(
+                    f"rank_fields: names {field_name!r}, a field of document objects; "
+                    f"documents[{index}] is a string (its text is ranked as `text`)"
+                )
     if not isinstance(value, list) or not value or not any(isinstance(d, dict) for d in value):
         return text_list(value, "documents")
     if len(value) > MAX_INPUTS:

@@ -8,8 +8,6 @@ transformers (MiniLM's mean pooling and Normalize; the cross-encoder's logit).""
 
 from __future__ import annotations
 
-import math
-
 import cohere
 import httpx
 import huggingface_hub
@@ -19,9 +17,13 @@ import pytest
 import torch
 import transformers
 
-from sr.models.artifacts import EMBEDDED_DEFAULT, embedded_default_dir
-from sr.models.testing import write_tiny_bert
-from tests.serve_process import ServeProcess
+from sr.models.artifacts import embedded_default_dir
+from tests.e2e.two_deployments import (
+    cross_encoder_logits,
+    minilm_vectors,
+    serving_two_deployments,
+    sigmoid,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -32,64 +34,17 @@ DOCUMENTS = ["the invoice was sent by mail", "hello there", "invoices are listed
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = write_tiny_bert(
-        tmp_path_factory.mktemp("models") / "cross-encoder", seed=5, with_head=True,
-        labels=["score"],
-    )  # fmt: skip
-    config = {
-        "global": {
-            "model_catalog": {
-                "deployments": {
-                    "embedder": {"artifact": EMBEDDED_DEFAULT, "replicas": [{"device": "cpu"}]},
-                    "reranker": {"artifact": str(folder), "replicas": [{"device": "cpu"}]},
-                },
-                "system": {"decision_model": {"deployment": "embedder"}},
-            }
-        },
-        "listeners": [{"host": "127.0.0.1", "port": 8899, "api_keys": []}],
-    }
-    process = ServeProcess(tmp_path_factory.mktemp("two-deployments"), config)
-    process.folder = folder
-    process.start(timeout_s=90)
-    yield process
-    process.stop()
+    yield from serving_two_deployments(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def unit_vectors():
-    """MiniLM's sentence-transformers chain by transformers: mean pooling, then Normalize."""
-    folder = str(embedded_default_dir())
-    model = transformers.AutoModel.from_pretrained(folder).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-
-    def embed(texts: list[str]) -> np.ndarray:
-        batch = tokenizer(texts, padding=True, return_tensors="pt")
-        with torch.no_grad():
-            hidden = model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        pooled = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
-        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
-
-    return embed
+    return minilm_vectors()
 
 
 @pytest.fixture(scope="module")
 def logits(server):
-    """The cross-encoder's relevance logit of each (text, text_pair), by transformers."""
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(server.folder))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(server.folder))
-
-    def of(pairs: list[tuple[str, str]]) -> list[float]:
-        first, second = zip(*pairs, strict=True)
-        batch = tokenizer(list(first), list(second), padding=True, return_tensors="pt")
-        with torch.no_grad():
-            return model(**batch).logits[:, 0].tolist()
-
-    return of
-
-
-def _sigmoid(x: float) -> float:
-    return 1 / (1 + math.exp(-x))
+    return cross_encoder_logits(server.folder)
 
 
 def test_inference_client_at_each_base_url(server, unit_vectors):
@@ -128,7 +83,7 @@ def test_inference_client_text_classification(server, logits):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(server.folder))
     with torch.no_grad():
         logit = model(**tokenizer([QUERY], return_tensors="pt")).logits[0, 0].item()
-    assert result.score == pytest.approx(_sigmoid(logit), abs=1e-6)
+    assert result.score == pytest.approx(sigmoid(logit), abs=1e-6)
     (raw,) = client.text_classification(QUERY, function_to_apply="none")
     assert raw.score == pytest.approx(logit, abs=1e-5)
 
@@ -140,10 +95,41 @@ def test_cohere_client_v2_rerank(server, logits):
     best = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])[:2]
     assert [r.index for r in answer.results] == best
     for result in answer.results:
-        assert result.relevance_score == pytest.approx(_sigmoid(expected[result.index]), abs=1e-6)
+        assert result.relevance_score == pytest.approx(sigmoid(expected[result.index]), abs=1e-6)
     at_base = cohere.ClientV2(api_key="unused", base_url=f"{server.url}/d/reranker")
     again = at_base.rerank(model="reranker", query=QUERY, documents=DOCUMENTS, top_n=2)
     assert [r.relevance_score for r in again.results] == [r.relevance_score for r in answer.results]
+
+
+def test_cohere_max_tokens_per_doc_scores_each_documents_first_tokens(server):
+    """Cohere's `max_tokens_per_doc` on /v2/rerank (the client's call) and /v1/rerank: the
+    reference pairs the query with each document's first n tokens, cut in the test."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(server.folder))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(server.folder))
+    query_ids = tokenizer(QUERY)["input_ids"]
+    expected = []
+    for document in DOCUMENTS:
+        first = tokenizer(document, add_special_tokens=False)["input_ids"][:3]
+        ids = [*query_ids, *first, tokenizer.sep_token_id]
+        types = [0] * len(query_ids) + [1] * (len(first) + 1)
+        with torch.no_grad():
+            logit = model(
+                input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types])
+            ).logits[0, 0]
+        expected.append(sigmoid(logit.item()))
+    client = cohere.ClientV2(api_key="unused", base_url=server.url)
+    answer = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS, max_tokens_per_doc=3)
+    by_index = {r.index: r.relevance_score for r in answer.results}
+    assert [by_index[i] for i in range(len(DOCUMENTS))] == pytest.approx(expected, abs=1e-6)
+    whole = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS)
+    assert {r.index: r.relevance_score for r in whole.results} != by_index
+    v1 = httpx.post(
+        f"{server.url}/v1/rerank",
+        json={"model": "reranker", "query": QUERY, "documents": DOCUMENTS,
+              "max_tokens_per_doc": 3},
+    )  # fmt: skip
+    assert v1.status_code == 200, v1.text
+    assert {r["index"]: r["relevance_score"] for r in v1.json()["results"]} == by_index
 
 
 def test_peer_rerank_bodies_on_rerank(server, logits):
@@ -171,9 +157,7 @@ def test_predict_texts_and_pairs(server, logits):
     assert answer.status_code == 200, answer.text
     expected = logits([tuple(pair) for pair in pairs])
     for predictions, logit in zip(answer.json(), expected, strict=True):
-        assert predictions == [
-            {"score": pytest.approx(_sigmoid(logit), abs=1e-6), "label": "score"}
-        ]
+        assert predictions == [{"score": pytest.approx(sigmoid(logit), abs=1e-6), "label": "score"}]
     one = httpx.post(
         f"{server.url}/d/reranker/predict", json={"inputs": pairs[0], "raw_scores": True}
     )

@@ -93,6 +93,8 @@ BAD = [
     ({"query": QUERY, "documents": [{"title": "a"}]}, "documents[0].text"),
     ({"query": QUERY, "documents": [{"text": 3}]}, "documents[0].text"),
     ({"query": QUERY, "documents": ["a"], "max_chunks_per_doc": 0}, "max_chunks_per_doc"),
+    ({"query": QUERY, "documents": ["a"], "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"query": QUERY, "documents": ["a"], "max_tokens_per_doc": "3"}, "max_tokens_per_doc"),
     ({"query": QUERY, "documents": ["a"], "truncation_direction": "up"}, "truncation_direction"),
     ({"query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
     ({"query": QUERY, "documents": ["a"], "top_n": "2"}, "top_n"),
@@ -101,6 +103,7 @@ BAD = [
     ({"query": QUERY, "documents": ["a"], "return_documents": "yes"}, "return_documents"),
     ({"query": QUERY, "documents": ["a"], "rank_fields": ["x", "y"]}, "rank_fields"),
     ({"query": QUERY, "documents": ["a"], "rank_fields": "text"}, "rank_fields"),
+    ({"query": QUERY, "documents": [{"title": "a"}, "b"], "rank_fields": ["title"]}, "rank_fields"),
     ({"query": QUERY, "documents": ["a"], "model": 3}, "model"),
 ]
 
@@ -162,7 +165,8 @@ async def test_a_model_without_a_single_output_head_is_400_saying_so(tmp_path):
 
 async def test_cohere_and_jina_documents_and_fields(reranker):
     """Documents as `{text}` objects (Jina, Cohere v1) or picked by `rank_fields`; Cohere's
-    `max_chunks_per_doc` and `max_tokens_per_doc` are accepted and change nothing."""
+    `max_chunks_per_doc` is accepted and changes nothing, nor does a `max_tokens_per_doc`
+    above every document's length."""
     _, plain = await post(reranker, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
     objects = [{"text": d} for d in DOCUMENTS]
     status, answer = await post(
@@ -185,3 +189,35 @@ async def test_cohere_and_jina_documents_and_fields(reranker):
     assert status == 200, answer
     assert answer["results"][0]["relevance_score"] == plain["results"][0]["relevance_score"]
     assert answer["results"][0]["document"] == titled[answer["results"][0]["index"]]
+
+
+async def test_max_tokens_per_doc_scores_each_document_cut_to_its_first_tokens(reranker):
+    """Cohere's `max_tokens_per_doc`: each document's first n tokens (counted alone, without
+    special tokens) are paired with the query; the answer's `document` stays the one sent."""
+    model = reranker.model
+    status, answer = await post(
+        reranker,
+        "/v1/rerank",
+        {"query": QUERY, "documents": DOCUMENTS, "max_tokens_per_doc": 2,
+         "return_documents": True},
+    )  # fmt: skip
+    assert status == 200, answer
+    tokenizer = model.tokenizer
+    query_ids = tokenizer.encode(QUERY).ids
+    cls, sep = query_ids[0], query_ids[-1]
+    rows = []
+    for document in DOCUMENTS:
+        first = tokenizer.encode(document, add_special_tokens=False).ids[:2]
+        rows.append([*query_ids, *first, sep])
+    assert all(row[0] == cls for row in rows)
+    logits = model.rerank_logits(rows, [len(query_ids)] * len(rows))[:, 0].tolist()
+    by_index = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    for index, logit in enumerate(logits):
+        assert by_index[index] == pytest.approx(_sigmoid(logit), abs=1e-7)
+    assert answer["usage"]["prompt_tokens"] == sum(map(len, rows))
+    assert "truncated_inputs" not in answer["usage"]
+    assert {r["index"]: r["document"]["text"] for r in answer["results"]} == dict(
+        enumerate(DOCUMENTS)
+    )
+    _, whole = await post(reranker, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    assert answer["results"] != whole["results"]  # the cut changed the scores

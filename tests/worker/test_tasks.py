@@ -223,6 +223,15 @@ async def test_zero_shot_classify_probabilities(worker):
         assert math.isclose(sum(result["probabilities"].values()), 1.0, rel_tol=1e-9)
 
 
+async def test_a_label_key_is_any_string_the_empty_one_too(worker):
+    """A key only names its entry in the answer (and OpenAPI 3.0 cannot constrain keys)."""
+    status, answer = await post(
+        worker, "/v1/classify", {"input": "hello there", "labels": {"": "hello there", "b": "x"}}
+    )
+    assert status == 200, answer
+    assert answer["results"][0]["label"] == ""
+
+
 async def test_classify_with_the_checkpoint_head(head_worker):
     status, answer = await post(head_worker, "/v1/classify", {"input": ["good", "bad"]})
     assert status == 200
