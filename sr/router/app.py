@@ -92,6 +92,8 @@ NATIVE_ROUTES = frozenset(
 # Other APIs' paths for a native route, the body and answer the same: Cohere's v2 rerank,
 # Infinity's embeddings.
 ALIAS_ROUTES = {"/v2/rerank": "/v1/rerank", "/embeddings": "/v1/embeddings"}
+# The worker route every rerank body goes to (TEI's /rerank and Cohere v2's included).
+_RERANK_ROUTE = "/v1/rerank"
 MODEL_ROUTE_PREFIX = "/v1/models/"  # GET /v1/models/{model}
 # A deployment's own base URL: /d/<deployment>/<route> is <route> for that deployment, so a
 # client that never sends `model` (TEI's, Cohere's) can be pointed at one of several.
@@ -348,7 +350,7 @@ class RouterApp:
             )  # fmt: skip
             addressed = self._addressed(scope)
             request = front.parse(raw, addressed)
-            deployment = self._deployment_for(request.model, addressed)
+            deployment = self._deployment_for(request.model, addressed, request.route)
             scope[DEPLOYMENT_SCOPE_KEY] = deployment
             key = None
             if self.cache.enabled_for(deployment):
@@ -411,9 +413,12 @@ class RouterApp:
             addressed = deployment
         return addressed
 
-    def _deployment_for(self, model: str | None, addressed: str | None = None) -> str:
+    def _deployment_for(
+        self, model: str | None, addressed: str | None = None, route: str = ""
+    ) -> str:
         """The deployment a request names: its body's `model`, the URL's (`addressed`), or
-        (TEI bodies name none) the only one. A body and a URL that disagree are refused."""
+        (TEI bodies name none) the only one, or for a rerank body the only reranker. A body
+        and a URL that disagree are refused."""
         if addressed is not None:
             if model is not None and self.core.resolve(model) != addressed:
                 raise InvalidRequest(
@@ -424,11 +429,29 @@ class RouterApp:
             return self.core.resolve(model)
         if len(self._artifacts) == 1:
             return next(iter(self._artifacts))
+        reranker = self._only_reranker() if route == _RERANK_ROUTE else None
+        if reranker is not None:
+            return reranker
         raise InvalidRequest(
             "model: required when several deployments are served; name one of: "
             + ", ".join(sorted(self._artifacts))
             + f" (in the body, as ?model=, or with the URL {DEPLOYMENT_PATH_PREFIX}<deployment>/)"
         )
+
+    def _only_reranker(self) -> str | None:
+        """The one deployment able to rerank (a cross-encoder: a sequence head with one
+        output), when every deployment's card is known (a replica of each is ready) and
+        exactly one is; else None. Rerank clients that cannot address a deployment (some post
+        to the root's /rerank whatever their URL's path) then reach it; a deployment that
+        cannot rerank would only refuse the body."""
+        able = []
+        for name in self._artifacts:
+            card = self.core.model_card(name)
+            if card is None:
+                return None
+            if card.get("head_task") == "sequence" and len(card.get("head_labels") or ()) == 1:
+                able.append(name)
+        return able[0] if len(able) == 1 else None
 
     def _head_task(self, model: str | None) -> str | None:
         """The head the deployment a request names serves (a ready replica's card

@@ -25,7 +25,10 @@ from haystack_integrations.components.embedders.huggingface_api import (
     HuggingFaceAPITextEmbedder,
 )
 from haystack_integrations.components.embedders.jina import JinaDocumentEmbedder, JinaTextEmbedder
-from haystack_integrations.components.rankers.huggingface_api import HuggingFaceTEIRanker
+from haystack_integrations.components.rankers.huggingface_api import (
+    HuggingFaceTEIRanker,
+    TruncationDirection,
+)
 from haystack_integrations.components.rankers.jina import JinaRanker
 from langchain_openai import OpenAIEmbeddings
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
@@ -157,14 +160,29 @@ def test_haystack_tei_text_and_document_embedders(server, vectors):
     np.testing.assert_allclose([d.embedding for d in embedded], vectors(TEXTS), atol=2e-6)
 
 
-def test_haystack_tei_ranker_cannot_name_a_deployment(server):
+def test_haystack_tei_ranker_reaches_the_only_reranker(server, expected_logits):
     """HuggingFaceTEIRanker posts to `urljoin(url, "/rerank")`, which drops the URL's path
-    and query: with several deployments it reaches /rerank naming none, and is refused with
-    the ways to name one (served alone, it ranks: tests/e2e/test_haystack_tei_ranker.py)."""
-    ranker = HuggingFaceTEIRanker(url=f"{server.url}/d/reranker", token=None, max_retries=0)
-    with pytest.raises(RuntimeError, match="422") as caught:
-        ranker.run(query=QUERY, documents=[Document(content=d) for d in DOCUMENTS])
-    assert "model: required when several deployments are served" in str(caught.value)
+    and query, so it names no deployment: with an embedder and one cross-encoder served, a
+    rerank body that names none goes to the only deployment able to rerank."""
+    ranker = HuggingFaceTEIRanker(url=f"{server.url}/d/reranker", top_k=2, token=None)
+    ranked = ranker.run(query=QUERY, documents=[Document(content=d) for d in DOCUMENTS])
+    best = _best_first(expected_logits, 2)
+    assert [d.content for d in ranked["documents"]] == [DOCUMENTS[i] for i in best]
+    assert [d.score for d in ranked["documents"]] == pytest.approx(
+        [sigmoid(expected_logits[i]) for i in best], abs=1e-6
+    )
+
+
+def test_haystack_tei_ranker_raw_scores_and_truncation_direction(server, expected_logits):
+    """`raw_scores` gives the logit; TruncationDirection sends TEI's capitalised "Left"."""
+    ranker = HuggingFaceTEIRanker(url=server.url, raw_scores=True, token=None)
+    ranked = ranker.run(
+        query=QUERY, documents=[Document(content=d) for d in DOCUMENTS],
+        truncation_direction=TruncationDirection.LEFT,
+    )  # fmt: skip
+    assert [d.score for d in ranked["documents"]] == pytest.approx(
+        [expected_logits[i] for i in _best_first(expected_logits, len(DOCUMENTS))], abs=1e-5
+    )
 
 
 # jina-haystack

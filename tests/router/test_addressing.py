@@ -107,3 +107,69 @@ async def test_the_forwarded_body_is_the_callers_on_native_routes():
     app, core = build()
     await call(app, "POST", "/d/embedder/v1/embeddings", {"input": "a"})
     assert json.loads(core.calls[-1][2]) == {"input": "a"}  # the worker answers its artifact
+
+
+class CardsCore(TeiCore):
+    """Each deployment with its own card (None: no replica ready yet)."""
+
+    def __init__(self, config, cards):
+        super().__init__(config, worker_like, EMBEDDING_CARD)
+        self.cards = cards
+
+    def model_card(self, deployment):
+        card = self.cards[deployment]
+        return None if card is None else dict(card)
+
+
+CROSS_ENCODER_CARD = {**EMBEDDING_CARD, "head_task": "sequence", "head_labels": ["score"]}
+CLASSIFIER_CARD = {**EMBEDDING_CARD, "head_task": "sequence", "head_labels": ["a", "b"]}
+
+
+def build_with_cards(cards):
+    config = make_config({name: 1 for name in cards})
+    core = CardsCore(config, cards)
+    app = RouterApp(
+        core, config, metrics=RouterMetrics(core.inventory), cache=ResultCache(0),
+        fault_injection=False,
+    )  # fmt: skip
+    return app, core
+
+
+RERANK_BODIES = [
+    ("/rerank", {"query": "q", "texts": ["a", "b"]}),
+    ("/rerank", {"query": "q", "documents": ["a", "b"], "top_n": 1}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), RERANK_BODIES)
+async def test_a_rerank_body_naming_no_deployment_goes_to_the_only_cross_encoder(path, body):
+    app, core = build_with_cards(
+        {"embedder": EMBEDDING_CARD, "classifier": CLASSIFIER_CARD, "reranker": CROSS_ENCODER_CARD}
+    )
+    answer = await call(app, "POST", path, body)
+    assert answer.status == 200, answer.body
+    assert [c[0] for c in core.calls] == ["reranker"]
+
+
+@pytest.mark.parametrize(
+    "cards",
+    [
+        {"embedder": EMBEDDING_CARD, "a": CROSS_ENCODER_CARD, "b": CROSS_ENCODER_CARD},
+        {"embedder": None, "reranker": CROSS_ENCODER_CARD},  # the embedder's card not known yet
+        {"embedder": EMBEDDING_CARD, "classifier": CLASSIFIER_CARD},  # no cross-encoder
+    ],
+    ids=["two-cross-encoders", "a-card-not-known", "none"],
+)
+async def test_a_model_less_rerank_body_is_refused_unless_one_cross_encoder_is_sure(cards):
+    app, core = build_with_cards(cards)
+    answer = await call(app, "POST", "/rerank", {"query": "q", "texts": ["a"]})
+    assert answer.status == 422, answer.body
+    assert "model: required when several deployments are served" in answer.json()["error"]
+    assert core.calls == []
+
+
+async def test_a_model_less_embedding_body_is_not_sent_to_the_only_embedder():
+    """Only rerank: an embedding body fits every deployment, a guess would be a default."""
+    app, core = build_with_cards({"embedder": EMBEDDING_CARD, "reranker": CROSS_ENCODER_CARD})
+    answer = await call(app, "POST", "/embed", {"inputs": "a"})
+    assert answer.status == 422 and core.calls == []
