@@ -255,14 +255,8 @@ class Tasks:
         over = [i for i, (ids, _) in enumerate(encoded) if len(ids) > limit]
         for i in over:
             self._check_length(encoded[i][0], fields[i], overflow)
-        if over:
-            cut = encode([pairs[i] for i in over], limit, self._direction(body))
-            for i, pair in zip(over, cut, strict=True):
-                encoded[i] = pair
-        tokens = sum(len(ids) for ids, _ in encoded)
-        usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
-        if over:
-            usage["truncated_inputs"] = [fields[i] for i in over]
+        cut = encode([pairs[i] for i in over], limit, self._direction(body)) if over else []
+        usage = _cuts_in_place(encoded, over, cut, fields)
         return [ids for ids, _ in encoded], [second for _, second in encoded], usage
 
     async def decisions(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -411,6 +405,7 @@ class Tasks:
                 f"{limit} (overflow: reject; send truncate: true to cut it "
                 "instead)"
             )
+        cut = []
         if over:
             try:
                 cut = encode(query, [documents[i] for i in over], limit, direction)
@@ -418,13 +413,7 @@ class Tasks:
                 raise InvalidRequest(
                     f"{fields[over[0]]}: cannot be cut to input.max_tokens {limit}: {error}"
                 ) from None
-            for i, pair in zip(over, cut, strict=True):
-                pairs[i] = pair
-        tokens = sum(len(ids) for ids, _ in pairs)
-        usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
-        if over:
-            usage["truncated_inputs"] = [fields[i] for i in over]
-        return pairs, usage
+        return pairs, _cuts_in_place(pairs, over, cut, fields)
 
     async def _rows(
         self,
@@ -551,3 +540,17 @@ def _is_pair_list(value: Any) -> bool:
 
 def _base64_float32(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def _cuts_in_place(
+    pairs: list[tuple[list[int], int]], over: list[int], cut: list, fields: list[str]
+) -> dict[str, Any]:
+    """Puts each cut pair (`cut`, in the order of the indexes `over`) back in its place in
+    `pairs`, and returns the tokens of them all as `usage`, naming the inputs that were cut."""
+    for i, pair in zip(over, cut, strict=True):
+        pairs[i] = pair
+    tokens = sum(len(ids) for ids, _ in pairs)
+    usage: dict[str, Any] = {"prompt_tokens": tokens, "total_tokens": tokens}
+    if over:
+        usage["truncated_inputs"] = [fields[i] for i in over]
+    return usage
