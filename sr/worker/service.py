@@ -45,6 +45,7 @@ from sr.worker.state import SETTLED, WorkerState, check_transition
 from sr.worker.tasks import Tasks
 from sr.worker.threads import ForwardRunner
 from sr.worker.timing import RequestTiming
+from sr.worker.timing import current as current_timing
 from sr.worker.warmup import (
     ProbeResult,
     batch_invariance_probe,
@@ -59,6 +60,15 @@ JSON_HEADERS = [JSON_CONTENT_TYPE]
 TEXT_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 _log = logging.getLogger("sr.worker")
+# An answer estimated above this many floats (about 50 ms of JSON) is written off the event
+# loop; one text's answer (a few thousand) is written inline, without a thread's hand-off.
+_INLINE_ANSWER_FLOATS = 100_000
+
+
+def _encode(answer: Any) -> bytes:
+    return _dumps(answer).encode()
+
+
 # Read on every forward: a module global, not the enum's attribute (about 0.1 us less).
 _READY = WorkerState.READY
 # After an `exit` fault the HTTP adapter exits as soon as the answer is sent; this is the
@@ -126,6 +136,7 @@ class WorkerService:
         self.state = WorkerState.STARTING
         self.reason: str | None = None
         self.model = None
+        self._floats_per_token = 0
         self.engine: Engine | None = None
         self.tasks: Tasks | None = None
         self.golden: dict[str, Any] = {
@@ -228,6 +239,12 @@ class WorkerService:
             self._set_state(WorkerState.FAILED, f"load failed: {type(error).__name__}: {error}")
             return False
         self.model = model
+        # The most floats an answer carries per token of its rows (a per-token vector, or a
+        # sparse vector over the vocabulary per text): what sizes its JSON.
+        self._floats_per_token = max(
+            getattr(getattr(model, "backbone", None), "hidden_size", 0),
+            getattr(model, "embedding_dim", None) or 0,
+        )
         try:
             limits = resolve_limits(options, model)
         except UsageError as error:  # an input cap the model cannot take
@@ -423,6 +440,12 @@ class WorkerService:
             raise ForwardFailed("injected fault: fail")
         request = validation.parse_object(body)
         answer = await getattr(self.tasks, task)(request)
+        timing = current_timing()
+        if timing is not None and timing.tokens * self._floats_per_token > _INLINE_ANSWER_FLOATS:
+            # Thousands of per-token vectors take seconds to write as JSON (about 0.5 us a
+            # float): written on a helper thread, so /health and the other requests are
+            # answered meanwhile and the replica is not taken for dead.
+            return 200, JSON_HEADERS, await trio.to_thread.run_sync(_encode, answer)
         return 200, JSON_HEADERS, _dumps(answer).encode()
 
     async def _health_route(self, body: bytes) -> Answer:

@@ -4,8 +4,12 @@ the model's own hidden states and the tokenizer's decode."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from worker_fakes import post
+
+from sr.worker import service as service_module
 
 
 async def test_token_embeddings_are_the_hidden_states_of_each_row(worker):
@@ -50,3 +54,25 @@ async def test_detokenize_one_list_or_several(worker):
 async def test_bad_bodies_name_the_field(worker, path, body, param):
     status, answer = await post(worker, path, body)
     assert status == 400 and answer["error"]["param"] == param, answer
+
+
+async def test_a_large_answer_is_written_off_the_event_loop(worker, monkeypatch):
+    """Thousands of per-token vectors take seconds to write as JSON: written on a helper
+    thread, so the worker's /health (and every other request) is answered meanwhile. One
+    short text's answer is written inline."""
+    writers: list[bool] = []
+    encode = service_module._encode
+
+    def recording(answer):
+        writers.append(threading.current_thread() is threading.main_thread())
+        return encode(answer)
+
+    monkeypatch.setattr(service_module, "_encode", recording)
+    status, _ = await post(worker, "/v1/token_embeddings", {"input": "hello world"})
+    assert status == 200 and writers == []
+    texts = [f"text number {i} of several words" for i in range(400)]
+    tokens = sum(map(len, worker.model.tokenize(texts)))
+    assert tokens * worker.model.backbone.hidden_size > service_module._INLINE_ANSWER_FLOATS
+    status, large = await post(worker, "/v1/token_embeddings", {"input": texts})
+    assert status == 200 and writers == [False]
+    assert len(large["data"]) == 400 and large["usage"]["prompt_tokens"] == tokens
