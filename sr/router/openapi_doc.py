@@ -6,7 +6,9 @@ What the shipped file cannot know and is settled here:
 - security: bearer declared only when the listener has API keys; the fault route listed
   only when fault injection is on.
 - which deployment: a request body's `model` is an enum of the deployments (name or
-  artifact) able to serve that body; with several deployments it is required. A route
+  artifact) able to serve that body; with several deployments it is required, but for a
+  rerank body on TEI's routes when exactly one deployment can rerank (the router sends it
+  there). A route
   with a body names its deployment there, so the `?model=` parameter (the same choice for
   clients that send no `model`) is described on GET /info only, where it is required with
   several deployments. A body no deployment can serve is left out (an operation whose
@@ -34,6 +36,7 @@ import attrs
 from sr.models.artifacts import resolve_artifact
 from sr.models.json_file import read_json_object
 from sr.router.faults import FAULTS_PATH
+from sr.router.tei import POST_ROUTES as TEI_POST_ROUTES
 
 INFO_PATH = "/info"
 _MODEL_PARAMETER = "#/components/parameters/Model"
@@ -227,11 +230,26 @@ def _name_deployments(
     for name in names:
         need = (_ROOT_NEEDS.get(name) if path == "/" else None) or _NEEDS[name]
         serving = [d for d in deployments if d.can(need)]
-        variants += _variants(_inlined(schemas[name], schemas), need, serving, several)
+        # A rerank body naming no deployment goes to the only cross-encoder, when every
+        # card is known (sr.router.app's dispatch): there `model` may be left out.
+        must_name = several and not (need == "rerank" and _only_sure_reranker(deployments))
+        schema = _inlined(schemas[name], schemas)
+        if path in TEI_POST_ROUTES and "model" in schema.get("required", ()):
+            # TEI's routes take a native body (a peer's rerank body on /rerank) with the
+            # deployment left to the URL or the rules above, as they take their own.
+            schema = {**schema, "required": [f for f in schema["required"] if f != "model"]}
+        variants += _variants(schema, need, serving, must_name)
     if not variants:
         return False
     content["schema"] = variants[0] if len(variants) == 1 else {"oneOf": variants}
     return True
+
+
+def _only_sure_reranker(deployments: tuple[ServedDeployment, ...]) -> bool:
+    """Every deployment's card is known and exactly one of them can rerank."""
+    if any(d.serves is None for d in deployments):
+        return False
+    return sum(d.can("rerank") for d in deployments) == 1
 
 
 def _variants(

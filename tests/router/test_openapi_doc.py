@@ -145,3 +145,18 @@ def test_a_sparse_encoder_is_named_by_the_sparse_routes_only():
         document, "/v1/classify", {"model": "splade", "input": "hi", "labels": {"a": "b"}}
     )
     assert _valid(document, "/v1/tokenize", {"model": "splade", "input": "hi"})
+
+
+def test_a_rerank_body_on_teis_routes_may_name_no_deployment_when_one_cross_encoder_is_sure():
+    document = _document(EMBEDDER, RERANKER)
+    tei_body, peer_body = {"query": "q", "texts": ["d"]}, {"query": "q", "documents": ["d"]}
+    assert _valid(document, "/rerank", tei_body) and _valid(document, "/rerank", peer_body)
+    assert _valid(document, "/", tei_body)
+    assert not _valid(document, "/rerank", {**tei_body, "model": "embedder"})
+    # The native routes always want `model`; an embedding body still names its deployment.
+    assert not _valid(document, "/v1/rerank", peer_body)
+    assert not _valid(document, "/embed", {"inputs": "hi"})
+    # Two cross-encoders, or a card not known yet: the body must name one.
+    other = served_deployment("other", "/models/ce2", RERANKER_CARD, 1000)
+    for deployments in [(EMBEDDER, RERANKER, other), (ServedDeployment("cold", "x"), RERANKER)]:
+        assert not _valid(_document(*deployments), "/rerank", tei_body)
