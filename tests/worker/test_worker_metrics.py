@@ -223,3 +223,21 @@ def test_the_text_is_what_prometheus_clients_own_series_wrote():
             assert metrics.render() == exposition.render(reference)
     assert metrics.render() == exposition.render(reference)
     assert metrics.render() == exposition.render(reference)  # a scrape changes nothing
+
+
+def test_the_header_cuts_each_time_down_to_whole_microseconds():
+    import random
+
+    generator = random.Random(7)
+    for _ in range(2000):
+        timing = RequestTiming()
+        timing.started = generator.uniform(0.0, 1e5)
+        submitted = timing.started + generator.expovariate(100.0)
+        timing.add_submission(
+            submitted, submitted + generator.expovariate(1000.0), generator.expovariate(50.0), 3
+        )
+        now = submitted + generator.expovariate(20.0)
+        parts = (now - timing.started, submitted - timing.started, timing.queue_s,
+                 timing.inference_s)  # fmt: skip
+        expected = " ".join(str(int(seconds * 1_000_000.0)) for seconds in parts) + " 3 0"
+        assert timing.header(now=now)[1].decode() == expected
