@@ -48,6 +48,7 @@ KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "hidden",
 # Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
 _PER_TOKEN = frozenset({"token", "hidden"})
 _SPARSE = frozenset({"sparse"})
+_CPU = torch.device("cpu")
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -238,10 +239,10 @@ class Engine:
             started = time.perf_counter()
             with torch.inference_mode():
                 out = self._runner.run(lambda: forward(batch), padded)
-                if kind in _SPARSE:
-                    values = sparse_entries(out.detach().float().cpu())
-                else:
-                    values = out.detach().float().cpu().tolist()
+                # float32 on the CPU in one operator (none where it already is, as the
+                # torch models answer); nothing to detach from under inference mode.
+                out = out.to(_CPU, torch.float32)
+                values = sparse_entries(out) if kind in _SPARSE else out.tolist()
             if kind in _PER_TOKEN:
                 values = _per_row(values, batch)
             return values, started, time.perf_counter() - started
