@@ -1,6 +1,7 @@
 """CPU instructions per request of the router and of a worker, as `sr serve` runs them.
 
     python -m bench.bench_request_instructions [--baseline REV] [--runs 2] [--requests 400]
+                                               [--only router|worker]
 
 bench/bench_instructions.py counts sr's HTTP server with a handler that answers at once;
 this counts the two real processes one request crosses, each under valgrind's callgrind
@@ -232,6 +233,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a revision of this checkout to compare against")
     parser.add_argument("--runs", type=int, default=2, help="runs per side")
     parser.add_argument("--requests", type=int, default=400, help="requests counted per run")
+    parser.add_argument("--only", choices=("router", "worker"), help="count one process only")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind and callgrind_control (apt-get install valgrind)")
@@ -248,10 +250,13 @@ def main() -> None:
         for number, side in enumerate(order):
             workdir = scratch / f"run-{number}"
             workdir.mkdir(mode=0o700)
-            rows = {"router POST /v1/embeddings": router_per_request(
-                trees[side], artifact, workdir, args.requests)}  # fmt: skip
-            worker = worker_per_request(trees[side], artifact, workdir, args.requests)
-            rows.update({f"worker {path}": value for path, value in worker.items()})
+            rows = {}
+            if args.only != "worker":
+                rows["router POST /v1/embeddings"] = router_per_request(
+                    trees[side], artifact, workdir, args.requests)  # fmt: skip
+            if args.only != "router":
+                worker = worker_per_request(trees[side], artifact, workdir, args.requests)
+                rows.update({f"worker {path}": value for path, value in worker.items()})
             for name, value in rows.items():
                 counts[side].setdefault(name, []).append(value)
                 print(f"{side:9s} {name:28s} {value:>12,.0f}", flush=True)

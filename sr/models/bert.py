@@ -19,8 +19,8 @@ from sr.errors import UnsupportedModel
 from sr.models.blocks import (
     Packed,
     PackedEncoder,
-    attention,
     head_geometry,
+    joined_attention,
     joined_qkv,
     linear_at,
     post_norm_feed_forward,
@@ -29,6 +29,11 @@ from sr.models.blocks import (
 )
 from sr.models.heads import TOKEN, architectures_of
 from sr.models.linear import Linear
+
+# What F.layer_norm calls after its Python steps (a torch-function override check and the
+# cuDNN flag, an argument ATen's LayerNorm does not use): the same operator, 5 times a
+# forward of a 2-layer model without those calls.
+_layer_norm = torch.layer_norm
 
 
 class PostNormLayer:
@@ -99,11 +104,18 @@ class BertEncoder(PackedEncoder):
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T]."""
-        index = packed.positions(self.positions)
-        if packed.second_starts is not None and self.token_types == 2:
-            index = index + packed.second_text_tokens(self.device) * self.max_positions
-        positions = self.position_type[index]
-        x = F.layer_norm(self.word[ids] + positions, (self.hidden_size,), *self.emb_ln, self.eps)
+        if packed.second_starts is None and len(packed.lengths) == 1:
+            # One text: positions 0..T-1 of type 0 are the table's first T rows, a slice
+            # (the same values the gather below copies, without its index operators).
+            positions = self.position_type[: packed.tokens]
+        else:
+            index = packed.positions(self.positions)
+            if packed.second_starts is not None and self.token_types == 2:
+                index = index + packed.second_text_tokens(self.device) * self.max_positions
+            positions = self.position_type[index]
+        # index_select: the rows `self.word[ids]` gathers, without Python's indexing path.
+        x = _layer_norm(self.word.index_select(0, ids) + positions, (self.hidden_size,),
+                        *self.emb_ln, self.eps)  # fmt: skip
         return post_norm_layers(self, x, packed)
 
     def classify(self, hidden: torch.Tensor, packed: Packed, ids: torch.Tensor) -> torch.Tensor:
@@ -125,16 +137,16 @@ def post_norm_layers(encoder, x: torch.Tensor, packed: Packed, mask_for=None) ->
     if pad:
         # Padding rows only ever meet per-row operations; attention never sees them.
         x = F.pad(x, (0, 0, 0, pad))
-    heads, dim = encoder.num_heads, encoder.head_dim
+    heads, dim, scale = encoder.num_heads, encoder.head_dim, encoder.scale
     for layer in encoder.layers:
         qkv = layer.qkv(x)
-        q, k, v = (qkv[:tokens] if pad else qkv).view(-1, 3, heads, dim).unbind(1)
-        ctx = attention(q, k, v, packed, scale=encoder.scale, mask_for=mask_for)
+        ctx = joined_attention(qkv[:tokens] if pad else qkv, packed, heads, dim, scale=scale,
+                               mask_for=mask_for)  # fmt: skip
         if pad:
             ctx = F.pad(ctx, (0, 0, 0, pad))
-        x = F.layer_norm(layer.out(ctx, residual=x), (hidden_size,), *layer.ln1, eps)
-        x = F.layer_norm(layer.ffn_out(layer.ffn_in(x), residual=x), (hidden_size,),
-                         *layer.ln2, eps)  # fmt: skip
+        x = _layer_norm(layer.out(ctx, residual=x), (hidden_size,), *layer.ln1, eps)
+        x = _layer_norm(layer.ffn_out(layer.ffn_in(x), residual=x), (hidden_size,),
+                        *layer.ln2, eps)  # fmt: skip
     return x[:tokens] if pad else x
 
 

@@ -208,6 +208,52 @@ def attention(
     return out
 
 
+def joined_attention(
+    qkv: torch.Tensor,
+    packed: Packed,
+    heads: int,
+    dim: int,
+    *,
+    scale: float,
+    mask_for: MaskFor | None = None,
+) -> torch.Tensor:
+    """Self-attention of packed rows from their joined query/key/value product: qkv
+    [T, 3 * heads * D] (each token's q, k and v side by side) -> context [T, heads * D],
+    as `attention` computes it."""
+    if packed.uniform and not _is_tracing():
+        # One view and one permute give SDPA's [n, heads, L, D] q, k and v with the very
+        # strides `attention`'s view-and-transpose of each gives them (the same bits), in
+        # 3 operators where that path takes 8, and fewer Python calls: rows of one length
+        # are the common forward (a one-text request).
+        n, length = len(packed.lengths), packed.lengths[0]
+        q, k, v = qkv.view(n, length, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+        ctx = _sdpa(q, k, v, _mask_4d(mask_for, length), scale, False, False)
+        return ctx.transpose(1, 2).reshape(packed.tokens, heads * dim)
+    q, k, v = qkv.view(-1, 3, heads, dim).unbind(1)
+    return attention(q, k, v, packed, scale=scale, mask_for=mask_for)
+
+
+# torch.jit.is_tracing() is two Python calls around this one (it also answers False under
+# TorchScript, which sr never uses); it is asked on every layer's hot path.
+_is_tracing = torch._C._is_tracing
+
+
+def _mask_4d(mask_for: MaskFor | None, length: int) -> torch.Tensor | None:
+    mask = mask_for(length) if mask_for is not None else None
+    if mask is not None and mask.dim() == 3:
+        # [heads, L, L] as [1, heads, L, L]: SDPA's CPU kernel takes its fast path only
+        # for a 4-D mask (measured, MPNet's bias at 122 tokens: 2.46 ms -> 1.04 ms).
+        mask = mask.unsqueeze(0)
+    return mask
+
+
+def _sdpa(q, k, v, mask, scale, causal, gqa) -> torch.Tensor:
+    """[n, h, L, D] -> [n, h, L, D]."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale, enable_gqa=gqa
+    )
+
+
 def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
     """[n * length, h, D] inputs of n rows of one length -> [n, length, heads, D]."""
 
@@ -215,18 +261,10 @@ def _attend(q, k, v, n, length, scale, causal, mask_for, gqa) -> torch.Tensor:
         # -1 and plain ints: one Reshape with a constant shape in an exported graph
         return t.view(n, -1, int(t.shape[1]), int(t.shape[2])).transpose(1, 2)
 
-    mask = mask_for(length) if mask_for is not None else None
-    if mask is not None and mask.dim() == 3:
-        # [heads, L, L] as [1, heads, L, L]: SDPA's CPU kernel takes its fast path only
-        # for a 4-D mask (measured, MPNet's bias at 122 tokens: 2.46 ms -> 1.04 ms).
-        mask = mask.unsqueeze(0)
-    if torch.jit.is_tracing():
+    mask = _mask_4d(mask_for, length)
+    if _is_tracing():
         return _traced_attention(rows(q), rows(k), rows(v), mask, scale, causal, length)
-    ctx = F.scaled_dot_product_attention(
-        rows(q), rows(k), rows(v), attn_mask=mask, is_causal=causal and mask is None,
-        scale=scale, enable_gqa=gqa,
-    )  # fmt: skip
-    return ctx.transpose(1, 2)
+    return _sdpa(rows(q), rows(k), rows(v), mask, scale, causal, gqa).transpose(1, 2)
 
 
 def _traced_attention(q, k, v, mask, scale, causal, length) -> torch.Tensor:

@@ -183,7 +183,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.parts is not None:
-            if torch.jit.is_tracing():
+            if torch._C._is_tracing():  # torch.jit.is_tracing() less two Python calls
                 # One product for the ONNX exporter (sr.models.onnx_engine): the parts'
                 # weights joined are one constant in the graph, where ORT fuses more.
                 weights, biases = zip(*self.parts, strict=True)

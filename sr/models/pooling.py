@@ -49,6 +49,13 @@ def pool(
     """hidden [T, H] of packed rows -> [n, H * len(modes)], through `dense` (all rows at
     once: a DenseStack) when given, then L2-normalised if asked. `pooled_from`: per row,
     how many of its first tokens pooling leaves out (None: none)."""
+    if len(lengths) == 1 and len(modes) == 1:
+        # One row (a one-text request): its tokens are all of `hidden`, and its vector as a
+        # [1, H] view is what stacking it alone copies.
+        pooled = _pool_row(hidden, modes[0], pooled_from[0] if pooled_from else 0).unsqueeze(0)
+        if dense is not None:
+            pooled = dense(pooled)
+        return F.normalize(pooled, p=2.0, dim=1) if normalize else pooled
     rows = []
     start = 0
     for index, length in enumerate(lengths):

@@ -12,6 +12,10 @@ Rules, in one place:
 - The result cache (LRU over exact token ids) is only enabled when batching is invariant:
   then an answer does not depend on its batch, so a cached answer is the computed answer.
 - A submission whose caller went away is dropped from batches not yet started.
+- An idle engine (no window being served, no forward of an earlier caller in flight,
+  nothing queued) runs a submission's forwards from the caller's own task: they are the
+  forwards a window of that one submission would run, without the hand-off to the
+  serving task and back. Submissions arriving meanwhile queue for the serving task.
 - A row of an `embed` kind whose `second` is inside it (a prompt's tokens, under the
   Pooling's `include_prompt: false`) is pooled from there; any other row pools every token.
 - A submission notes when its first forward started and how long its forwards took; the
@@ -44,6 +48,7 @@ KINDS = ("embed", "embed_unnormalized", "classify", "rerank", "token", "hidden",
 # Kinds whose forward answers per token ([T, ...] over the packed rows), split per row.
 _PER_TOKEN = frozenset({"token", "hidden"})
 _SPARSE = frozenset({"sparse"})
+_CPU = torch.device("cpu")
 DEFAULT_CACHE_ROWS = 4096
 
 
@@ -114,6 +119,8 @@ class Engine:
         }
         self._pending: collections.deque[_Submission] = collections.deque()
         self._wakeup = trio.Event()
+        # A window being served or a caller's own forwards in flight (engine rules).
+        self._busy = False
         self._on_forward = on_forward  # (rows, padded tokens, requests, seconds) per forward
 
     @property
@@ -152,10 +159,13 @@ class Engine:
                 submission.forwards = request_timing.forwards
             submission.results = [None] * len(submission.rows)
             submission.remaining = len(submission.rows)
-            self._pending.append(submission)
-            self._wakeup.set()
             try:
-                await submission.done.wait()
+                if self._busy or self._pending:
+                    self._pending.append(submission)
+                    self._wakeup.set()
+                    await submission.done.wait()
+                else:
+                    await self._serve_alone(submission)
             except BaseException:
                 submission.abandoned = True
                 raise
@@ -169,27 +179,49 @@ class Engine:
             )
         return answers  # type: ignore[return-value]
 
+    async def _serve_alone(self, submission: _Submission) -> None:
+        """An idle engine's submission, its forwards run from the caller's task: the
+        batches a window of this one submission gets (engine rules)."""
+        self._busy = True
+        try:
+            await self._serve(submission.kind, submission.rows)
+        finally:
+            self._busy = False
+            if self._pending:  # arrived meanwhile: the serving task takes them
+                self._wakeup.set()
+
     async def run(self) -> None:
         """Serve the queue until cancelled."""
         while True:
-            if not self._pending:
+            if not self._pending or self._busy:
+                # Nothing queued, or a caller's own forwards in flight: wait to be woken
+                # (a queued submission, or those forwards' end).
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
-            window = self._take_window()
-            by_kind: dict[str, list[_Row]] = {}
-            for submission in window:
-                by_kind.setdefault(submission.kind, []).extend(submission.rows)
-            for kind, rows in by_kind.items():
-                batches = plan_batches(
-                    rows,
-                    lambda r: r.length,
-                    max_num_seqs=self.limits.max_num_seqs,
-                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
-                )
-                for batch in batches:
-                    live = [r for r in batch if not r.submission.abandoned]
-                    if live:
-                        await self._forward(kind, live)
+                continue
+            self._busy = True
+            try:
+                window = self._take_window()
+                by_kind: dict[str, list[_Row]] = {}
+                for submission in window:
+                    by_kind.setdefault(submission.kind, []).extend(submission.rows)
+                for kind, rows in by_kind.items():
+                    await self._serve(kind, rows)
+            finally:
+                self._busy = False
+
+    async def _serve(self, kind: str, rows: list[_Row]) -> None:
+        """Rows of one kind cut into batches within the limits, each forwarded."""
+        batches = plan_batches(
+            rows,
+            lambda r: r.length,
+            max_num_seqs=self.limits.max_num_seqs,
+            max_num_batched_tokens=self.limits.max_num_batched_tokens,
+        )
+        for batch in batches:
+            live = [r for r in batch if not r.submission.abandoned]
+            if live:
+                await self._forward(kind, live)
 
     def _take_window(self) -> list[_Submission]:
         if self.cross_request:
@@ -207,10 +239,10 @@ class Engine:
             started = time.perf_counter()
             with torch.inference_mode():
                 out = self._runner.run(lambda: forward(batch), padded)
-                if kind in _SPARSE:
-                    values = sparse_entries(out.detach().float().cpu())
-                else:
-                    values = out.detach().float().cpu().tolist()
+                # float32 on the CPU in one operator (none where it already is, as the
+                # torch models answer); nothing to detach from under inference mode.
+                out = out.to(_CPU, torch.float32)
+                values = sparse_entries(out) if kind in _SPARSE else out.tolist()
             if kind in _PER_TOKEN:
                 values = _per_row(values, batch)
             return values, started, time.perf_counter() - started

@@ -398,8 +398,9 @@ class WorkerService:
                 if traceparent is not None and self.tracing is not None:
                     timing.forwards = []  # the engine notes each forward (sr.worker.tracing)
                 response = await self._answer(path, answer, body)
-            if response[0] == 200 and timing.computed:
-                response = response[0], [*response[1], timing.header()], response[2]
+            if timing.reached_engine is not None and response[0] == 200:  # `computed`
+                status, headers, payload = response
+                response = status, [*headers, timing.header()], payload
             if timing.forwards is not None:
                 self._record_trace(traceparent, path, timing, response[0])
         else:

@@ -21,7 +21,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,6 +37,8 @@ from sr.worker.adaptive import (
 )
 from sr.worker.contention import CoreYield
 from sr.worker.placement import PeerPlacement
+
+T = TypeVar("T")
 
 
 class ThreadContext:
@@ -55,6 +57,19 @@ class ThreadContext:
                 torch.set_num_threads(threads)
                 self.set_calls += 1
             yield
+
+    def call(self, threads: int, fn: Callable[[], T], before: Callable[[], Any] | None = None) -> T:
+        """`before()` then `fn()` inside `use(threads)`, without a generator's enter and
+        exit: every forward comes through here."""
+        if threads < 1:
+            raise ValueError(f"thread count must be >= 1, got {threads}")
+        with self._lock:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+                self.set_calls += 1
+            if before is not None:
+                before()
+            return fn()
 
 
 THREADS = ThreadContext()
@@ -168,9 +183,12 @@ class ForwardRunner:
     def run(self, forward: Callable[[], Any], padded_tokens: int) -> Any:
         learner = self._learner
         if learner is None:
+            # One thread context per forward, entered as a plain call (`_at` is two
+            # generator-based context managers).
             threads = self.threads if self._yield is None else self._yield.threads()
-            with self._at(threads):
-                return forward()
+            placement = self._placement if threads > 1 else None
+            before = None if placement is None else placement.before_forward
+            return self._context.call(threads, forward, before)
         with self._state_lock:
             step = learner.plan(padded_tokens)
         result, outcome = self._execute(step, forward)

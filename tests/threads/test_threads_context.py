@@ -1,5 +1,6 @@
 import threading
 
+import pytest
 import torch
 
 from sr.worker.threads import THREADS, ForwardRunner, ThreadContext
@@ -16,6 +17,23 @@ def test_set_num_threads_runs_only_when_the_count_changes():
         with context.use(threads):
             assert torch.get_num_threads() == threads
     assert context.set_calls == 3
+
+
+def test_call_runs_before_then_fn_at_the_count_and_counts_changes_as_use_does():
+    context = ThreadContext()
+    torch.set_num_threads(2)
+    seen = []
+    assert context.call(2, lambda: torch.get_num_threads()) == 2
+    assert context.set_calls == 0
+    result = context.call(
+        1, lambda: seen.append(("fn", torch.get_num_threads())) or "answer",
+        lambda: seen.append(("before", torch.get_num_threads())),
+    )  # fmt: skip
+    assert result == "answer"
+    assert seen == [("before", 1), ("fn", 1)]
+    assert context.set_calls == 1
+    with pytest.raises(ValueError):
+        context.call(0, lambda: None)
 
 
 def test_a_count_changed_behind_the_context_is_reapplied():

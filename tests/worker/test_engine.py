@@ -126,3 +126,69 @@ async def test_abandoned_requests_are_not_computed():
                     await engine.compute("embed", model.tokenize(["gave up"]))
                 model.gate.set()
     assert model.batches == [[3]]
+
+
+async def test_an_idle_engine_forwards_from_the_callers_task():
+    # No serving task at all: an idle engine's caller runs its own forwards, cut into the
+    # batches a window of that one request gets.
+    model = FakeModel()
+    rows = model.tokenize([" ".join([f"w{i}"] * (1 + i % 5)) for i in range(9)])
+    device = DeviceThread()
+    try:
+        engine = Engine(model, device, ForwardRunner(1), Limits(4, 30, 64, "configured"),
+                        cross_request=True, cache_rows=0)  # fmt: skip
+        with trio.fail_after(10):
+            answers = await engine.compute("embed", rows)
+    finally:
+        device.stop()
+    assert answers == [FakeModel().embed([r]).tolist()[0] for r in rows]
+    assert all(len(b) <= 4 and len(b) * max(b) <= 30 for b in model.batches)
+    assert sum(map(len, model.batches)) == 9
+    assert not engine._busy and engine.forwards == len(model.batches)
+
+
+async def test_requests_arriving_during_a_callers_own_forward_queue_for_the_serving_task():
+    model = FakeModel()
+    requests = [model.tokenize([f"request {i}", "x y"]) for i in range(3)]
+    async with engine_for(model) as engine:
+        answers = await held_then_concurrent(engine, model, requests)
+        # the engine is idle again: the next request runs alone, from its caller
+        rows = model.tokenize(["after"])
+        assert await engine.compute("embed", rows) == FakeModel().embed(rows).tolist()
+    assert [len(b) for b in model.batches] == [1, 6, 1]  # held, the three together, after
+    for i, rows in enumerate(requests):
+        assert answers[i] == FakeModel().embed(rows).tolist()
+
+
+async def test_a_caller_cancelled_during_its_own_forward_leaves_the_engine_serving():
+    model = FakeModel()
+    model.gate = threading.Event()
+    async with engine_for(model) as engine:
+        with trio.fail_after(10):
+            with trio.move_on_after(0.05) as gave_up:
+                await engine.compute("embed", model.tokenize(["gave up"]))
+            assert gave_up.cancelled_caught and not engine._busy
+            model.gate.set()  # the abandoned forward still runs on the device thread
+            rows = model.tokenize(["next"])
+            assert await engine.compute("embed", rows) == FakeModel().embed(rows).tolist()
+
+
+async def test_a_caller_cancelled_while_its_work_is_queued_on_the_device_thread():
+    # The device thread's rules: the cancelled caller stops waiting at once, its queued
+    # work still runs in order, and its outcome goes nowhere; later callers are answered.
+    device = DeviceThread()
+    release = threading.Event()
+    ran = []
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(device.run, lambda: release.wait(10) and ran.append("held"))
+                await trio.sleep(0.05)
+                with trio.move_on_after(0.05) as gave_up:
+                    await device.run(lambda: ran.append("queued") or "unseen")
+                assert gave_up.cancelled_caught and ran == []
+                release.set()
+            assert await device.run(lambda: ran.append("later") or "answer") == "answer"
+            assert ran == ["held", "queued", "later"]
+    finally:
+        device.stop()

@@ -174,3 +174,70 @@ async def test_forward_durations_and_no_created_series(fake_model):
     assert found[("sr_worker_batch_rows_sum", ())] == 2
     assert found[("sr_worker_queued_rows", ())] == 0
     promtool_check(text)
+
+
+def test_the_text_is_what_prometheus_clients_own_series_wrote():
+    # Answers folded on a scrape and every FOLD_EVERY, forwards in plain counts: the same
+    # text, to the bit, as the Counter and Histogram objects given each value at once.
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from sr import exposition
+    from sr.worker import metrics as worker_metrics
+
+    reference = CollectorRegistry()
+    requests = Counter("sr_worker_requests", "HTTP requests answered, probes aside",
+                       ["route", "status"], registry=reference)  # fmt: skip
+    probes = Counter("sr_worker_probes", "Health probes and metrics scrapes answered",
+                     ["route", "status"], registry=reference)  # fmt: skip
+    rows = Counter("sr_worker_rows", "rows computed by forwards", registry=reference)
+    forwards = Counter("sr_worker_forwards", "batched forwards run", registry=reference)
+    histograms = [
+        Histogram(name, doc, buckets=buckets, registry=reference)
+        for name, doc, buckets in (
+            ("sr_worker_batch_rows", "rows per forward", worker_metrics._BATCH_ROW_BUCKETS),
+            ("sr_worker_batch_padded_tokens", "padded tokens per forward",
+             worker_metrics._PADDED_TOKEN_BUCKETS),
+            ("sr_worker_batch_requests", "requests sharing a forward",
+             worker_metrics._BATCH_ROW_BUCKETS),
+            ("sr_worker_forward_seconds", "time of one batched forward on the device thread",
+             worker_metrics.FORWARD_SECONDS_BUCKETS),
+        )
+    ]  # fmt: skip
+    queued = Gauge("sr_worker_queued_rows", "rows waiting for a forward", registry=reference)
+    queued.set_function(lambda: 3)
+    metrics = worker_metrics.WorkerMetrics()
+    metrics.watch_queue(lambda: 3)
+    routes = ["/v1/embeddings", "/health", "/metrics", "other", "/v1/rerank"]
+    for number in range(worker_metrics.FOLD_EVERY * 2 + 37):
+        forward = (number % 300 + 1, (number * 7) % 70000, number % 5 + 1, number * 0.000731)
+        metrics.observe_forward(*forward)
+        rows.inc(forward[0])
+        forwards.inc()
+        for histogram, value in zip(histograms, forward, strict=True):
+            histogram.observe(value)
+        route, status = routes[number % len(routes)], 200 if number % 3 else 503
+        metrics.count_answer(route, status)
+        family = probes if route in worker_metrics.PROBE_ROUTES else requests
+        family.labels(route, str(status)).inc()
+        if number in (0, 5, worker_metrics.FOLD_EVERY + 1):
+            assert metrics.render() == exposition.render(reference)
+    assert metrics.render() == exposition.render(reference)
+    assert metrics.render() == exposition.render(reference)  # a scrape changes nothing
+
+
+def test_the_header_cuts_each_time_down_to_whole_microseconds():
+    import random
+
+    generator = random.Random(7)
+    for _ in range(2000):
+        timing = RequestTiming()
+        timing.started = generator.uniform(0.0, 1e5)
+        submitted = timing.started + generator.expovariate(100.0)
+        timing.add_submission(
+            submitted, submitted + generator.expovariate(1000.0), generator.expovariate(50.0), 3
+        )
+        now = submitted + generator.expovariate(20.0)
+        parts = (now - timing.started, submitted - timing.started, timing.queue_s,
+                 timing.inference_s)  # fmt: skip
+        expected = " ".join(str(int(seconds * 1_000_000.0)) for seconds in parts) + " 3 0"
+        assert timing.header(now=now)[1].decode() == expected
