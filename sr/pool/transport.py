@@ -7,7 +7,7 @@
   `api_key` is sent as `Authorization: Bearer`, `ssl_context` verifies the certificate and
   `tls_server_name` is the name it must carry (and the SNI sent) when that is not the URL's
   host: a discovered worker is dialled by address but holds its service's certificate.
-* `InProcessTransport` — calls `WorkerService.handle(method, path, body)` directly.
+* `InProcessTransport` — calls `WorkerService.handle(method, path, body, hop)` directly.
 
 A request carries a `sr.http.hop.Hop`: the router's request id and the deployment it is
 served for (the worker's `model` check, sr.worker.served_as), and, only when traces are on,
@@ -133,8 +133,7 @@ class InProcessTransport:
     async def exchange(
         self, method: str, path: str, body: bytes = b"", hop: Hop = NO_HOP
     ) -> tuple[int, dict[str, str], bytes]:
-        # handle's parameters after the body are the hop's fields, in their order.
-        status, headers, payload = await self._service.handle(method, path, body, *hop)
+        status, headers, payload = await self._service.handle(method, path, body, hop)
         return status, _header_dict(headers), payload
 
     async def aclose(self) -> None:

@@ -14,6 +14,7 @@ import trio
 
 from sr import request_id
 from sr.errors import RequestError, UsageError
+from sr.http.hop import Hop
 from sr.http.limits import HttpLimits
 from sr.http.private_folder import ensure_private_folder
 from sr.http.server import H1Server, error_answer, open_listeners
@@ -30,9 +31,7 @@ TRACEPARENT_HEADER = b"traceparent"
 MAX_TRACEPARENT_BYTES = 128  # version 00 is 55; later versions may add fields
 
 
-def request_names(
-    headers: list[tuple[bytes, bytes]],
-) -> tuple[str | None, str | None, str | None]:
+def request_names(headers: list[tuple[bytes, bytes]]) -> Hop:
     """The caller's `x-request-id` (the router always sends one), `x-sr-deployment`
     (sr.worker.served_as) and W3C `traceparent` (the router sends one when its traces are
     on: sr.worker.tracing); a direct caller's odd value is ignored rather than refused: the
@@ -45,7 +44,7 @@ def request_names(
             deployment = served_as.deployment_of(value)
         elif name == TRACEPARENT_HEADER and len(value) <= MAX_TRACEPARENT_BYTES:
             traceparent = value.decode("latin-1")
-    return rid, deployment, traceparent
+    return Hop(rid, deployment, traceparent)
 
 
 def handler_for(service: WorkerService, api_key: str | None = None):
@@ -58,10 +57,7 @@ def handler_for(service: WorkerService, api_key: str | None = None):
     async def handler(method: str, path: str, body: bytes, headers) -> tuple:
         if check is not None and not check.allows(path, headers):
             return unauthorized()
-        rid, deployment, traceparent = request_names(headers)
-        if traceparent is None:
-            return await handle(method, path, body, rid, deployment)
-        return await handle(method, path, body, rid, deployment, traceparent)
+        return await handle(method, path, body, request_names(headers))
 
     return handler
 

@@ -32,6 +32,7 @@ from sr.errors import (
     UsageError,
 )
 from sr.events import EventSink
+from sr.http.hop import NO_HOP, Hop
 from sr.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
@@ -355,19 +356,13 @@ class WorkerService:
 
     # -- requests --------------------------------------------------------------------------
 
-    async def handle(
-        self,
-        method: str,
-        path: str,
-        body: bytes,
-        request_id: str | None = None,
-        deployment: str | None = None,
-        traceparent: str | None = None,
-    ) -> Answer:
-        """Answer one request. `request_id` (the router's, sr.request_id) is current while
-        it is answered, so its error body and log lines carry it; so is `deployment`, the
-        name the router serves this worker under (sr.worker.served_as). `traceparent`: the
-        router's hop span, when its traces are on (sr.worker.tracing)."""
+    async def handle(self, method: str, path: str, body: bytes, hop: Hop = NO_HOP) -> Answer:
+        """Answer one request. The hop's `request_id` (the router's, sr.request_id) is
+        current while it is answered, so its error body and log lines carry it; so is its
+        `deployment`, the name the router serves this worker under (sr.worker.served_as).
+        Its `traceparent`: the router's hop span, when its traces are on
+        (sr.worker.tracing)."""
+        request_id, deployment, traceparent = hop
         if request_id is None and deployment is None:
             return await self._handle(method, path, body, traceparent)
         id_token = current_request_id.set(request_id)

@@ -48,28 +48,28 @@ class ThreadContext:
 
     @contextlib.contextmanager
     def use(self, threads: int) -> Iterator[None]:
-        if threads < 1:
-            raise ValueError(f"thread count must be >= 1, got {threads}")
         with self._lock:
-            # Compare with torch itself, not a cached value: code outside the context
-            # (a library, a test) may have changed the count behind our back.
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-                self.set_calls += 1
+            self._set(threads)
             yield
 
     def call(self, threads: int, fn: Callable[[], T], before: Callable[[], Any] | None = None) -> T:
         """`before()` then `fn()` inside `use(threads)`, without a generator's enter and
         exit: every forward comes through here."""
-        if threads < 1:
-            raise ValueError(f"thread count must be >= 1, got {threads}")
         with self._lock:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-                self.set_calls += 1
+            self._set(threads)
             if before is not None:
                 before()
             return fn()
+
+    def _set(self, threads: int) -> None:
+        """torch's thread count made `threads`; called with the lock held."""
+        if threads < 1:
+            raise ValueError(f"thread count must be >= 1, got {threads}")
+        # Compare with torch itself, not a cached value: code outside the context (a
+        # library, a test) may have changed the count behind our back.
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+            self.set_calls += 1
 
 
 THREADS = ThreadContext()

@@ -12,6 +12,7 @@ import trio
 
 from sr.config.schema import Deployment, OutlierDetection, Replica, SrConfig
 from sr.events import RecordingSink
+from sr.http.hop import NO_HOP
 from sr.pool.policy import DeploymentPolicy
 from sr.pool.record import ReplicaRecord
 from sr.pool.state import ReplicaState
@@ -68,12 +69,9 @@ class FakeWorker:
         self.state = "failed" if reason else "ready"
         await trio.sleep_forever()
 
-    async def handle(
-        self, method: str, path: str, body: bytes, request_id=None, deployment=None,
-        traceparent=None,
-    ):  # fmt: skip
-        if traceparent is not None:
-            self.traceparents.append(traceparent)
+    async def handle(self, method: str, path: str, body: bytes, hop=NO_HOP):
+        if hop.traceparent is not None:
+            self.traceparents.append(hop.traceparent)
         headers = [(b"content-type", b"application/json")]
         if path == "/health":
             if self.state == "ready":
@@ -123,7 +121,7 @@ class FakeEndpoint:
         self.probes = 0
         self.served = 0
 
-    async def handle(self, method, path, body, request_id=None, deployment=None, traceparent=None):
+    async def handle(self, method, path, body, hop=NO_HOP):
         headers = [(b"content-type", b"application/json")]
         if self.health == "down":
             raise TransportError("connection refused")

@@ -12,6 +12,7 @@ import trio.testing
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
+from sr.http.hop import NO_HOP
 from sr.pool import ReloadFailed, StartupFailed, open_router
 from sr.pool.discovery import DnsResolver
 from sr.pool.transport import InProcessTransport, TransportError
@@ -42,7 +43,7 @@ class FakeAttached:
         self.served = 0
         self.waiting = 0
 
-    async def handle(self, method, path, body, request_id=None, deployment=None, traceparent=None):
+    async def handle(self, method, path, body, hop=NO_HOP):
         headers = [(b"content-type", b"application/json")]
         if self.health == "down":
             raise TransportError("connection refused")

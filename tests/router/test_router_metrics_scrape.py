@@ -10,6 +10,7 @@ import trio
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
+from sr.http.hop import NO_HOP
 from sr.pool import open_router
 from sr.worker.service import WorkerService
 from tests.metrics_text import samples
@@ -32,11 +33,11 @@ class StuckScrapes:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await self.service.run(task_status=task_status)
 
-    async def handle(self, method, path, body, request_id=None, deployment=None, traceparent=None):
+    async def handle(self, method, path, body, hop=NO_HOP):
         if path == "/metrics":
             self.scrapes_started += 1
             await trio.sleep_forever()
-        return await self.service.handle(method, path, body, request_id)
+        return await self.service.handle(method, path, body, hop)
 
 
 def two_workers_one_stuck():

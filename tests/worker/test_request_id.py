@@ -4,6 +4,7 @@ import json
 import logging
 
 from sr import request_id
+from sr.http.hop import Hop
 from sr.logs import JsonLineFormatter
 from sr.worker.http import request_names
 
@@ -22,7 +23,7 @@ def test_the_headers_are_read_and_odd_values_are_ignored():
 
 
 async def test_an_error_answer_carries_the_request_id(worker):
-    status, _, body = await worker.handle("POST", "/v1/embeddings", b'{"input": 5}', "r-7")
+    status, _, body = await worker.handle("POST", "/v1/embeddings", b'{"input": 5}', Hop("r-7"))
     assert status == 400
     assert json.loads(body)["error"]["request_id"] == "r-7"
     status, _, body = await worker.handle("POST", "/v1/embeddings", b'{"input": 5}')
@@ -45,7 +46,7 @@ async def test_a_log_line_written_while_answering_carries_it(worker, monkeypatch
     handler = Lines()
     logger.addHandler(handler)
     try:
-        status, _, _ = await worker.handle("POST", "/v1/embeddings", b"{}", "r-8")
+        status, _, _ = await worker.handle("POST", "/v1/embeddings", b"{}", Hop("r-8"))
     finally:
         logger.removeHandler(handler)
     assert status == 500

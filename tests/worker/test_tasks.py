@@ -13,6 +13,7 @@ import trio
 from worker_fakes import passing_golden, post, running
 
 from sr.errors import MethodNotAllowed
+from sr.http.hop import Hop
 from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
 from sr.worker.state import WorkerState
@@ -194,9 +195,9 @@ async def test_the_routers_deployment_name_is_accepted_and_echoed(worker, path):
         "/v1/tokenize": {"input": "x"},
     }[path]
     raw = json.dumps({**body, "model": "minilm"}).encode()
-    status, _, payload = await worker.handle("POST", path, raw, "r-1", "minilm")
+    status, _, payload = await worker.handle("POST", path, raw, Hop("r-1", "minilm"))
     assert status == 200 and json.loads(payload)["model"] == "minilm"
-    status, _, payload = await worker.handle("POST", path, raw, "r-2", "other")
+    status, _, payload = await worker.handle("POST", path, raw, Hop("r-2", "other"))
     message = json.loads(payload)["error"]["message"]
     assert status == 404 and "as deployment 'other'" in message
     status, _, payload = await worker.handle("POST", path, raw)  # a direct caller
@@ -204,7 +205,7 @@ async def test_the_routers_deployment_name_is_accepted_and_echoed(worker, path):
         status == 404 and "'minilm' is not served here" in json.loads(payload)["error"]["message"]
     )
     status, _, payload = await worker.handle(
-        "POST", path, json.dumps(body).encode(), None, "minilm"
+        "POST", path, json.dumps(body).encode(), Hop(None, "minilm")
     )
     assert status == 200 and json.loads(payload)["model"] == worker.options.artifact
 

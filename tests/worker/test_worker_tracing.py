@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from worker_fakes import fake_service_kwargs, running
 
+from sr.http.hop import Hop
 from sr.traces import TraceSettings, Tracing
 from sr.worker.cli import parse_command
 from sr.worker.options import WorkerOptions
@@ -31,12 +32,8 @@ def in_memory() -> tuple[WorkerTracing, InMemorySpanExporter]:
 
 async def embed(service, traceparent: str | None) -> int:
     body = json.dumps({"input": ["one", "two three"]}).encode()
-    if traceparent is None:
-        status, _, _ = await service.handle("POST", "/v1/embeddings", body, "rid-1", "primary")
-    else:
-        status, _, _ = await service.handle(
-            "POST", "/v1/embeddings", body, "rid-1", "primary", traceparent
-        )
+    hop = Hop("rid-1", "primary", traceparent)
+    status, _, _ = await service.handle("POST", "/v1/embeddings", body, hop)
     return status
 
 
