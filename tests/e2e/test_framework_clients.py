@@ -36,6 +36,9 @@ from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInfer
 from llama_index.postprocessor.tei_rerank import TextEmbeddingInference
 
 from tests.e2e.two_deployments import (
+    DOCUMENTS,
+    QUERY,
+    TEXTS,
     cross_encoder_logits,
     minilm_vectors,
     serving_two_deployments,
@@ -48,9 +51,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning"),
 ]
 
-TEXTS = ["hello world", "The invoice was sent by mail on Tuesday."]
-QUERY = "where is my invoice"
-DOCUMENTS = ["the invoice was sent by mail", "hello there", "invoices are listed under billing"]
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
 

@@ -19,6 +19,9 @@ import transformers
 
 from sr.models.artifacts import embedded_default_dir
 from tests.e2e.two_deployments import (
+    DOCUMENTS,
+    QUERY,
+    TEXTS,
     cross_encoder_logits,
     minilm_vectors,
     serving_two_deployments,
@@ -26,10 +29,6 @@ from tests.e2e.two_deployments import (
 )
 
 pytestmark = pytest.mark.e2e
-
-TEXTS = ["hello world", "The invoice was sent by mail on Tuesday."]
-QUERY = "where is my invoice"
-DOCUMENTS = ["the invoice was sent by mail", "hello there", "invoices are listed under billing"]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,11 @@ from sr.models.artifacts import EMBEDDED_DEFAULT, embedded_default_dir
 from sr.models.testing import write_tiny_bert
 from tests.serve_process import ServeProcess
 
+# What the client tests send: texts to embed, and a query with documents to rerank.
+TEXTS = ["hello world", "The invoice was sent by mail on Tuesday."]
+QUERY = "where is my invoice"
+DOCUMENTS = ["the invoice was sent by mail", "hello there", "invoices are listed under billing"]
+
 
 def serving_two_deployments(tmp_path_factory) -> Iterator[ServeProcess]:
     """A module fixture's body: `embedder` and `reranker` served at once; the process's
