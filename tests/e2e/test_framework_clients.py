@@ -1,5 +1,6 @@
 """The framework clients, each called as its users call it, against one real `sr serve`
-serving an embedder and a cross-encoder: langchain-openai's OpenAIEmbeddings, llama-index's
+serving an embedder and a cross-encoder: langchain-openai's OpenAIEmbeddings,
+langchain-huggingface's HuggingFaceEndpointEmbeddings (in a child), llama-index's
 TEI embeddings and TEI rerank postprocessor, haystack's Hugging Face API embedders and TEI
 ranker, jina-haystack's embedders and ranker, and litellm's huggingface, hosted_vllm,
 infinity and cohere providers. Numbers are checked against transformers (MiniLM's mean
@@ -12,7 +13,12 @@ refused and recorded, so a client that phones home fails its test."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import litellm
@@ -119,6 +125,45 @@ async def test_langchain_openai_embeddings_async(server, vectors):
     reference = vectors(TEXTS)[:, :128]
     reference /= np.linalg.norm(reference, axis=1, keepdims=True)
     np.testing.assert_allclose(await embeddings.aembed_documents(TEXTS), reference, atol=2e-6)
+
+
+# langchain-huggingface: every release wants huggingface_hub < 1 or < 2 while the test
+# extra pins 2.4.0, so scripts/setup.sh installs 1.2.0 (the last to take a URL) with
+# huggingface_hub 0.36.0 into a folder of their own, put first on a child's path.
+LANGCHAIN_HUGGINGFACE = Path(sys.prefix) / "langchain-huggingface"
+_LANGCHAIN_HUGGINGFACE_CALLS = """
+import json, socket, sys
+attempts, connect = [], socket.socket.connect
+def loopback_only(sock, address):  # as the loopback_only fixture does in this process
+    if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+        attempts.append(str(address))
+        raise OSError(f"the e2e tests stay on loopback: connect {address}")
+    return connect(sock, address)
+socket.socket.connect = loopback_only
+import huggingface_hub
+from langchain_huggingface import HuggingFaceEndpointEmbeddings
+assert huggingface_hub.__version__ == "0.36.0", huggingface_hub.__version__
+embeddings = HuggingFaceEndpointEmbeddings(model=sys.argv[1])
+print(json.dumps([embeddings.embed_documents(json.loads(sys.argv[2])),
+                  embeddings.embed_query(sys.argv[3]), attempts]))
+"""
+
+
+def test_langchain_huggingface_endpoint_embeddings(server, vectors):
+    """HuggingFaceEndpointEmbeddings(model=URL) at the embedder's base URL: TEI's root route
+    (feature extraction, normalised as TEI's default is)."""
+    assert LANGCHAIN_HUGGINGFACE.is_dir(), "run scripts/setup.sh: it installs the folder"
+    env = {**os.environ, "PYTHONPATH": str(LANGCHAIN_HUGGINGFACE)}
+    run = subprocess.run(
+        [sys.executable, "-c", _LANGCHAIN_HUGGINGFACE_CALLS, f"{server.url}/d/embedder/",
+         json.dumps(TEXTS), QUERY],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    documents, query, attempts = json.loads(run.stdout)
+    assert attempts == []
+    np.testing.assert_allclose(documents, vectors(TEXTS), atol=2e-6)
+    np.testing.assert_allclose(query, vectors([QUERY])[0], atol=2e-6)
 
 
 # llama-index
