@@ -32,6 +32,14 @@ def families(text: str) -> dict[str, str]:
     return {family.name: family.type for family in text_string_to_metric_families(text)}
 
 
+# For async tests: a skip raised inside a Trio test loses its reason in pytest's summary, so
+# they are marked instead, and skip before they run.
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool not installed (Debian: apt-get install prometheus)",
+)
+
+
 def promtool_check(text: str) -> None:
     """Fail on anything `promtool check metrics` reports; skip where it is not installed."""
     promtool = shutil.which("promtool")

@@ -15,7 +15,7 @@ from sr.router.app import RouterApp
 from sr.router.cache import ResultCache
 from sr.router.metrics import RouterMetrics
 from sr.worker.metrics import WorkerMetrics
-from tests.metrics_text import families, named, promtool_check, samples
+from tests.metrics_text import families, named, needs_promtool, promtool_check, samples
 
 from .asgi_client import call
 from .fake_core import FakeReply, FakeRouterCore, echo_embeddings, make_config
@@ -187,6 +187,7 @@ async def test_process_collectors_and_no_created_series():
     assert "_created" not in text
 
 
+@needs_promtool
 async def test_promtool_accepts_the_whole_text():
     core = FakeRouterCore(make_config({"primary": 2}), replying(200, WORKER_TIMING))
     core.replica_scrapes = [

@@ -12,7 +12,7 @@ from worker_fakes import fake_service_kwargs, get, post, running
 
 from sr.worker.options import WorkerOptions
 from sr.worker.timing import TIMING_KEY, RequestTiming, WorkerTiming
-from tests.metrics_text import named, promtool_check, samples
+from tests.metrics_text import named, needs_promtool, promtool_check, samples
 
 # text-embeddings-inference's router (ResponseMetadata -> HeaderMap): whole milliseconds,
 # and the request's tokens.
@@ -160,12 +160,16 @@ async def test_probes_and_scrapes_are_counted_apart_from_requests(fake_model):
     }
 
 
-async def test_forward_durations_and_no_created_series(fake_model):
+async def _text_after_two_forwards(fake_model) -> str:
     async with fake_worker(fake_model) as service:
         for text in ("one", "two three"):
             assert (await post(service, "/v1/embeddings", {"input": text}))[0] == 200
         _, _, raw = await service.handle("GET", "/metrics", b"")
-    text = raw.decode()
+    return raw.decode()
+
+
+async def test_forward_durations_and_no_created_series(fake_model):
+    text = await _text_after_two_forwards(fake_model)
     found = samples(text)
     assert "_created" not in text
     assert found[("sr_worker_forwards_total", ())] == 2
@@ -173,7 +177,11 @@ async def test_forward_durations_and_no_created_series(fake_model):
     assert found[("sr_worker_forward_seconds_sum", ())] > 0
     assert found[("sr_worker_batch_rows_sum", ())] == 2
     assert found[("sr_worker_queued_rows", ())] == 0
-    promtool_check(text)
+
+
+@needs_promtool
+async def test_promtool_accepts_the_workers_text(fake_model):
+    promtool_check(await _text_after_two_forwards(fake_model))
 
 
 def test_the_text_is_what_prometheus_clients_own_series_wrote():
