@@ -439,19 +439,15 @@ class RouterApp:
         )
 
     def _only_reranker(self) -> str | None:
-        """The one deployment able to rerank (a cross-encoder: a sequence head with one
-        output), when every deployment's card is known (a replica of each is ready) and
-        exactly one is; else None. Rerank clients that cannot address a deployment (some post
-        to the root's /rerank whatever their URL's path) then reach it; a deployment that
-        cannot rerank would only refuse the body."""
-        able = []
-        for name in self._artifacts:
-            card = self.core.model_card(name)
-            if card is None:
-                return None
-            if card.get("head_task") == "sequence" and len(card.get("head_labels") or ()) == 1:
-                able.append(name)
-        return able[0] if len(able) == 1 else None
+        """The one deployment able to rerank (a cross-encoder), when a replica of every
+        deployment is ready and exactly one is (sr.router.openapi_doc's rule, which the
+        served document states). Rerank clients that cannot address a deployment (some
+        post to the root's /rerank whatever their URL's path) then reach it; a deployment
+        that cannot rerank would only refuse the body."""
+        return openapi_doc.only_reranker(
+            openapi_doc.served_deployment(name, artifact, self.core.model_card(name), None)
+            for name, artifact in self._artifacts.items()
+        )
 
     def _head_task(self, model: str | None) -> str | None:
         """The head the deployment a request names serves (a ready replica's card

@@ -232,7 +232,7 @@ def _name_deployments(
         serving = [d for d in deployments if d.can(need)]
         # A rerank body naming no deployment goes to the only cross-encoder, when every
         # card is known (sr.router.app's dispatch): there `model` may be left out.
-        must_name = several and not (need == "rerank" and _only_sure_reranker(deployments))
+        must_name = several and not (need == "rerank" and only_reranker(deployments))
         schema = _inlined(schemas[name], schemas)
         if path in TEI_POST_ROUTES and "model" in schema.get("required", ()):
             # TEI's routes take a native body (a peer's rerank body on /rerank) with the
@@ -245,11 +245,15 @@ def _name_deployments(
     return True
 
 
-def _only_sure_reranker(deployments: tuple[ServedDeployment, ...]) -> bool:
-    """Every deployment's card is known and exactly one of them can rerank."""
+def only_reranker(deployments: Iterable[ServedDeployment]) -> str | None:
+    """The one deployment able to rerank, when every deployment's card is known and exactly
+    one of them can; else None. The router sends a rerank body that names no deployment
+    there (sr.router.app), and the document says so."""
+    deployments = tuple(deployments)
     if any(d.serves is None for d in deployments):
-        return False
-    return sum(d.can("rerank") for d in deployments) == 1
+        return None
+    able = [d.name for d in deployments if d.can("rerank")]
+    return able[0] if len(able) == 1 else None
 
 
 def _variants(
