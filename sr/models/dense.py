@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 
 from sr.errors import UnsupportedModel
 from sr.models.checkpoint import DenseSpec
+from sr.models.gemm_rows import ProductKey
 from sr.models.kernels import BLAS
-from sr.models.linear import Linear
+from sr.models.linear import Linear, product_keys
 
 # What each torch.nn module of checkpoint.DENSE_ACTIVATIONS computes (default arguments:
 # nn.GELU() is the exact erf GELU, as F.gelu).
@@ -106,12 +107,18 @@ class DenseStack:
     def __bool__(self) -> bool:
         return bool(self.layers)
 
+    def linears(self) -> list[Linear]:
+        return [linear for layer in self.layers for linear in layer.linears()]
+
     def calibrate(self) -> None:
         """Measure the short-matrix cut-off of every module's shape at the current thread
         count (once per count), so that no timed forward pays for it."""
-        for layer in self.layers:
-            for linear in layer.linears():
-                linear.cut_off(self.device, torch.float32)
+        for linear in self.linears():
+            linear.cut_off(self.device, torch.float32)
+
+    def product_keys(self) -> set[ProductKey]:
+        """What `calibrate` measures (sr.models.linear.product_keys)."""
+        return product_keys(self.linears(), torch.float32)
 
     def __call__(self, pooled: torch.Tensor) -> torch.Tensor:
         """pooled [n, pooled_size] -> [n, out_features]. Each product pads its rows to its

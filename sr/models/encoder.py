@@ -21,8 +21,9 @@ from sr.models.blocks import Packed, torch_dtype
 from sr.models.checkpoint import CheckpointLayout, read_layout
 from sr.models.dense import DenseStack
 from sr.models.families import family_for
+from sr.models.gemm_rows import ProductKey
 from sr.models.heads import TOKEN, check_architectures, check_served_head
-from sr.models.linear import choose_kernel, for_model
+from sr.models.linear import choose_kernel, for_model, product_keys
 from sr.models.pooling import pool
 from sr.models.splade import SpladeHead
 
@@ -194,6 +195,12 @@ class EncoderModel:
         once per count), so no timed forward pays for it; returns the cut-off in rows."""
         self.dense.calibrate()  # the Dense modules' shapes have cut-offs of their own
         return self.backbone.calibrate()
+
+    def product_keys(self) -> set[ProductKey]:
+        """The product shapes whose cut-offs `calibrate_threads` needs: measured side by side
+        beforehand where a start has cores to spare (sr.models.gemm_rows.measure_many)."""
+        backbone = self.backbone
+        return product_keys(backbone.linears(), backbone.dtype) | self.dense.product_keys()
 
     def embed(
         self,

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from sr.models import kernels
-from sr.models.gemm_rows import PROBE_ROWS, min_consistent_rows, threads_agree
+from sr.models.gemm_rows import PROBE_ROWS, ProductKey, min_consistent_rows, threads_agree
 from sr.models.kernels import BLAS, ONEDNN
 
 # Shapes of the host probe: a small encoder's products (MiniLM's), cheap to run.
@@ -226,6 +226,17 @@ class Linear:
             x = F.pad(x, (0, 0, 0, pad))
         out = self(x)
         return out[:rows] if pad > 0 else out
+
+
+def product_keys(linears: list[Linear], dtype: torch.dtype) -> set[ProductKey]:
+    """(in_features, out_features, kernel, dtype) of every product of `linears` that has
+    a cut-off to measure (sr.models.gemm_rows.measure_many)."""
+    return {
+        (n_in, n_out, linear.kernel, dtype)
+        for linear in linears
+        if linear.out_features != 1
+        for n_in, n_out in linear.shapes()
+    }
 
 
 def cut_off(linears: list[Linear], device: torch.device, dtype: torch.dtype) -> int:

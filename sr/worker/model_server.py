@@ -21,7 +21,8 @@ Rules:
   golden check, the batching probe, thread calibration. Each replica sets its own threads.
   The one exception is the cut-off at 1 thread, found here at load: a replica at 1 thread
   inherits it instead of measuring it. Like the kernel choice it is kept on disk per host
-  (sr.models.probe_cache): measuring a model's shapes takes about 0.3 s of each start.
+  (sr.models.probe_cache); a host's first start measures the model's shapes side by side,
+  one per core (sr.models.gemm_rows.measure_many: MiniLM's take 0.29 s one after another).
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ def _calibrate(model, device: torch.device, dtypes: set[torch.dtype]) -> None:
         for shape, rows in probe_cache.load_cut_offs(path, base).items()
     }
     gemm_rows.adopt(device, 1, kept)
+    # What is not kept is measured one shape per core at once (all of them at a host's
+    # first start), then found by the model's own calibration.
+    keys = getattr(model, "product_keys", None)
+    if keys is not None:
+        gemm_rows.measure_many(device, keys(), workers=len(os.sched_getaffinity(0)))
     model.calibrate_threads()
     measured = gemm_rows.measured_at(device, 1)
     new = {

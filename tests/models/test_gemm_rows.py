@@ -60,3 +60,52 @@ def test_packed_kernel_rows_past_its_cut_off_match_anywhere_in_a_longer_product(
             assert threads_agree(cpu, 384, 1536, kernels.ONEDNN)
     finally:
         torch.set_num_threads(before)
+
+
+def test_measure_many_finds_what_one_at_a_time_finds(monkeypatch):
+    """Side by side on helper threads, each shape measured once, with the cut-off it has
+    when measured alone; the helper threads are gone afterwards."""
+    import os
+
+    from sr.models import gemm_rows
+
+    cpu = torch.device("cpu")
+    keys = [(48, 48, kernels.BLAS, torch.float32), (48, 96, kernels.BLAS, torch.float32),
+            (96, 48, kernels.BLAS, torch.float32)]  # fmt: skip
+    if kernels.onednn_unavailable(cpu, torch.float32) is None:
+        keys.append((384, 384, kernels.ONEDNN, torch.float32))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        monkeypatch.setattr(gemm_rows, "_cut_offs", {})
+        alone = {key: min_consistent_rows(cpu, *key) for key in keys}
+        monkeypatch.setattr(gemm_rows, "_cut_offs", {})
+        measured = []
+        real_measure = gemm_rows._measure
+
+        def measure(device, *key):
+            measured.append(key)
+            return real_measure(device, *key)
+
+        monkeypatch.setattr(gemm_rows, "_measure", measure)
+        threads = len(os.listdir("/proc/self/task"))
+        gemm_rows.measure_many(cpu, keys + keys[:1], workers=2)
+        assert len(os.listdir("/proc/self/task")) == threads  # no OpenMP team left behind
+        assert sorted(measured, key=str) == sorted(keys, key=str)
+        assert gemm_rows.measured_at(cpu, 1) == alone
+        gemm_rows.measure_many(cpu, keys, workers=2)  # all known: nothing measured again
+        assert len(measured) == len(keys)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_measure_many_refuses_a_process_above_one_thread():
+    from sr.models import gemm_rows
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="1 thread"):
+            gemm_rows.measure_many(torch.device("cpu"), [], workers=2)
+    finally:
+        torch.set_num_threads(before)

@@ -126,3 +126,27 @@ def test_the_model_server_measures_cut_offs_once_per_host(tmp_path, monkeypatch,
         assert model.calibrate_threads() == max(2, *first.values())
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_models_product_keys_are_what_its_calibration_measures(monkeypatch, tiny_model_dir):
+    """The keys measured side by side ahead of calibration are exactly the shapes the
+    calibration then asks for, so it measures nothing itself."""
+    from sr.models import gemm_rows, load_model
+
+    measured = []
+    real_measure = gemm_rows._measure
+
+    def measure(device, *key):
+        measured.append(key)
+        return real_measure(device, *key)
+
+    monkeypatch.setattr(gemm_rows, "_measure", measure)
+    monkeypatch.setattr(gemm_rows, "_cut_offs", {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = load_model(tiny_model_dir)
+        model.calibrate_threads()
+        assert measured and set(measured) == model.product_keys()
+    finally:
+        torch.set_num_threads(before)
