@@ -1,4 +1,5 @@
-"""The one OS thread of a worker process that runs every piece of torch work.
+"""The one OS thread of a worker process that runs its torch work (a short forward at 1
+thread may run on the Trio thread instead: sr.worker.engine's rules).
 
 Why a dedicated long-lived thread instead of `trio.to_thread.run_sync` with a limiter of 1:
 trio's thread cache may hand the work to a different OS thread each time, and torch keeps
@@ -29,6 +30,9 @@ _STOP = object()
 class DeviceThread:
     def __init__(self, name: str = "sr-device") -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Work handed over by `run` and not yet finished (a cancelled caller's included),
+        # counted on the Trio thread: zero means the thread is idle.
+        self.in_flight = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -46,13 +50,18 @@ class DeviceThread:
         done = trio.Event()
         box: list[outcome.Outcome] = []
 
+        def finished() -> None:
+            self.in_flight -= 1
+            done.set()
+
         def deliver(result: outcome.Outcome) -> None:
             box.append(result)
             try:
-                token.run_sync_soon(done.set)
+                token.run_sync_soon(finished)
             except trio.RunFinishedError:
                 pass  # the Trio run ended while this work ran; nobody is waiting
 
+        self.in_flight += 1
         self._queue.put((work, deliver))
         await done.wait()
         return box[0].unwrap()

@@ -134,6 +134,13 @@ class ForwardRunner:
                 threads, allowed_thread_counts(threads, budget), mode=mode, settings=settings
             )
 
+    @property
+    def single_threaded(self) -> bool:
+        """Every forward at 1 thread: inline on whichever thread calls, with no OpenMP team
+        of that thread's own and nothing learned (the engine may then run a short one
+        on its caller's thread)."""
+        return self.threads == 1 and self._learner is None
+
     def allow_yielding(self, core_yield: CoreYield) -> None:
         """Serve below the configured count while other work holds the cores (mode 0 only:
         the learner chooses counts in the other modes)."""

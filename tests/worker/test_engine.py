@@ -10,9 +10,10 @@ import trio
 from worker_fakes import FakeModel
 
 from sr.errors import ForwardFailed
+from sr.worker import engine as engine_module
 from sr.worker.batching import Limits
 from sr.worker.device_thread import DeviceThread
-from sr.worker.engine import Engine
+from sr.worker.engine import INLINE_FORWARD_TOKENS, Engine
 from sr.worker.threads import ForwardRunner
 
 
@@ -192,3 +193,108 @@ async def test_a_caller_cancelled_while_its_work_is_queued_on_the_device_thread(
             assert ran == ["held", "queued", "later"]
     finally:
         device.stop()
+
+
+class ThreadNotingModel(FakeModel):
+    """Notes the thread each forward ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def embed(self, batch):
+        self.threads.append(threading.current_thread().name)
+        return super().embed(batch)
+
+
+def inline_engine(model, device):
+    limits = Limits(64, 8192, 64, "configured")
+    return Engine(model, device, ForwardRunner(1), limits, cross_request=True, cache_rows=0,
+                  inline_tokens=INLINE_FORWARD_TOKENS)  # fmt: skip
+
+
+async def test_a_short_forward_of_an_idle_engine_runs_on_the_callers_thread():
+    model = ThreadNotingModel()
+    device = DeviceThread(name="device")
+    try:
+        engine = inline_engine(model, device)
+        rows = model.tokenize(["a short text"])
+        with trio.fail_after(10):
+            first = await engine.compute("embed", rows)
+            second = await engine.compute("embed", rows)
+        long_rows = model.tokenize([" ".join(["w"] * INLINE_FORWARD_TOKENS)])
+        with trio.fail_after(10):
+            await engine.compute("embed", long_rows)
+    finally:
+        device.stop()
+    assert first == second == FakeModel().embed(rows).tolist()
+    here = threading.current_thread().name
+    # the first on the device thread (no forward timed yet), the next short one on the
+    # caller's thread, one past the token cap on the device thread
+    assert model.threads == ["device", here, "device"]
+    assert device.in_flight == 0
+
+
+async def test_after_a_slow_forward_the_next_goes_to_the_device_thread(monkeypatch):
+    model = ThreadNotingModel()
+    device = DeviceThread(name="device")
+    monkeypatch.setattr(engine_module, "INLINE_FORWARD_S", 0.0)  # every forward is "slow"
+    try:
+        engine = inline_engine(model, device)
+        rows = model.tokenize(["a short text"])
+        with trio.fail_after(10):
+            for _ in range(3):
+                await engine.compute("embed", rows)
+    finally:
+        device.stop()
+    assert model.threads == ["device", "device", "device"]
+
+
+async def test_no_forward_runs_inline_beside_an_abandoned_one_still_on_the_device_thread():
+    # A caller that gave up leaves its forward running on the device thread; the next
+    # request waits behind it there, so two forwards never run at once.
+    model = ThreadNotingModel()
+    model.gate = threading.Event()
+    device = DeviceThread(name="device")
+    try:
+        engine = inline_engine(model, device)
+        with trio.fail_after(10):
+            with trio.move_on_after(0.05) as gave_up:
+                await engine.compute("embed", model.tokenize(["gave up"]))
+            assert gave_up.cancelled_caught and device.in_flight == 1
+            engine._last_forward_s = 0.0
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.compute, "embed", model.tokenize(["next"]))
+                await trio.sleep(0.05)
+                assert model.threads == ["device"]  # the next is queued behind the held one
+                model.gate.set()
+    finally:
+        device.stop()
+    assert model.threads == ["device", "device"]
+
+
+async def test_requests_arriving_together_at_an_idle_inline_engine_share_forwards():
+    model = ThreadNotingModel()
+    device = DeviceThread(name="device")
+    requests = [model.tokenize([f"request {i}"]) for i in range(8)]
+    answers = {}
+    try:
+        engine = inline_engine(model, device)
+
+        async def one(i):
+            answers[i] = await engine.compute("embed", requests[i])
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.run)
+                async with trio.open_nursery() as burst:
+                    for i in range(len(requests)):
+                        burst.start_soon(one, i)
+                nursery.cancel_scope.cancel()
+    finally:
+        device.stop()
+    assert [answers[i] for i in range(8)] == [FakeModel().embed(r).tolist() for r in requests]
+    # the first on the device thread, the seven queued meanwhile in one forward after it
+    # (a short one too, which the serving task may run inline: its thread is not asserted)
+    assert [len(b) for b in model.batches] == [1, 7]
+    assert model.threads[0] == "device"
