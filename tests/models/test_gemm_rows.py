@@ -62,7 +62,7 @@ def test_packed_kernel_rows_past_its_cut_off_match_anywhere_in_a_longer_product(
         torch.set_num_threads(before)
 
 
-def test_measure_many_finds_what_one_at_a_time_finds(monkeypatch):
+def test_measure_many_finds_what_one_at_a_time_finds(monkeypatch, measured_keys):
     """Side by side on helper threads, each shape measured once, with the cut-off it has
     when measured alone; the helper threads are gone afterwards."""
     import os
@@ -77,17 +77,10 @@ def test_measure_many_finds_what_one_at_a_time_finds(monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        monkeypatch.setattr(gemm_rows, "_cut_offs", {})
         alone = {key: min_consistent_rows(cpu, *key) for key in keys}
         monkeypatch.setattr(gemm_rows, "_cut_offs", {})
-        measured = []
-        real_measure = gemm_rows._measure
-
-        def measure(device, *key):
-            measured.append(key)
-            return real_measure(device, *key)
-
-        monkeypatch.setattr(gemm_rows, "_measure", measure)
+        measured = measured_keys
+        measured.clear()
         threads = len(os.listdir("/proc/self/task"))
         gemm_rows.measure_many(cpu, keys + keys[:1], workers=2)
         assert len(os.listdir("/proc/self/task")) == threads  # no OpenMP team left behind

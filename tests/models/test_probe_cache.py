@@ -128,20 +128,12 @@ def test_the_model_server_measures_cut_offs_once_per_host(tmp_path, monkeypatch,
         torch.set_num_threads(before)
 
 
-def test_a_models_product_keys_are_what_its_calibration_measures(monkeypatch, tiny_model_dir):
+def test_a_models_product_keys_are_what_its_calibration_measures(measured_keys, tiny_model_dir):
     """The keys measured side by side ahead of calibration are exactly the shapes the
     calibration then asks for, so it measures nothing itself."""
-    from sr.models import gemm_rows, load_model
+    from sr.models import load_model
 
-    measured = []
-    real_measure = gemm_rows._measure
-
-    def measure(device, *key):
-        measured.append(key)
-        return real_measure(device, *key)
-
-    monkeypatch.setattr(gemm_rows, "_measure", measure)
-    monkeypatch.setattr(gemm_rows, "_cut_offs", {})
+    measured = measured_keys
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
