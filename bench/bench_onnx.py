@@ -37,7 +37,7 @@ Ratios are sr over the faster ORT graph of the case (`best_ort`), per adjacent p
 (`paired`, steadier on a busy host) and of the medians.
 Before timing, sr's and ORT's vectors of 200 varied texts and of the batch are compared
 (max abs diff, min cosine): the two compute the same function.
-Issue 16's targets: at 1 thread sr >= 1.2x ORT's throughput on (a) and <= 1.0x its latency
+The targets: at 1 thread sr >= 1.2x ORT's throughput on (a) and <= 1.0x its latency
 on (b) and (c); at 2 threads <= 1.0x on (c); the throughput profile (sr_bf16) at 1 thread
 >= 2x ORT fp32's throughput on (a) with least cosine to float32 >= 0.999 on the golden set.
 Writes bench/results/onnx.json.

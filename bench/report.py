@@ -348,7 +348,7 @@ def _onnx_section(result: dict) -> str:
         "latency: lower), of the medians and (paired) of adjacent runs. Same function over "
         f"200 varied texts: {agreement}.\n\n"
         + _table([*header, "faster ORT", "sr / faster ORT"], rows)
-        + "\nIssue 16's targets:\n\n"
+        + "\nThe engine's targets against ONNX Runtime:\n\n"
         + _table(["threads", "side", "case", "goal", "measured", "verdict"], goals)
     )
 
