@@ -109,8 +109,13 @@ def test_request_without_traceparent_starts_a_trace_of_its_own(tmp_path, tiny_mo
         try:
             reply = server.client.post("/v1/embeddings", json={"model": "primary", "input": "hi"})
             assert reply.status_code == 200, reply.text
+            # The router and the worker export on their own schedules: wait for both.
             spans = receiver.wait_for(
-                lambda found: {s.service for s in by_name(found, "forward")} == {"sr-worker"},
+                lambda found: (
+                    {s.service for s in by_name(found, "forward")} == {"sr-worker"}
+                    and {s.service for s in by_name(found, "POST /v1/embeddings")}
+                    == {"sr", "sr-worker"}
+                ),
                 timeout_s=20,
             )
         finally:
