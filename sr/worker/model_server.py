@@ -16,7 +16,8 @@ Rules:
   so it runs in a short-lived child forked for it, at the thread count a fresh worker has,
   which reports its choice on a pipe and exits; this process adopts the choice. The
   choice is kept on disk per host (sr.models.probe_cache), so only a host's first start
-  probes.
+  probes, and it loads the model on oneDNN (the usual answer) while the child runs,
+  loading it again only where the probe chooses BLAS.
 * Every check a worker makes at start still runs in each replica, on the shared model: the
   golden check, the batching probe, thread calibration. Each replica sets its own threads.
   The one exception is the cut-off at 1 thread, found here at load: a replica at 1 thread
@@ -64,14 +65,27 @@ def preload(argv: list[str]) -> dict:
     served = attrs.evolve(options, dtype=precision.dtype)
     fresh_threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    device = torch_device(served.device)
+    choices: dict[torch.dtype, _HostChoice] = {}
     if served.kernel != kernels.BLAS:  # "blas" is never probed
-        device = torch_device(served.device)
         for dtype in {torch_dtype(served.dtype), torch.float32}:  # float32: Dense modules
-            linear.adopt_choice(device, dtype, _host_choice(device, dtype, fresh_threads))
+            choices[dtype] = _HostChoice.start(device, dtype, fresh_threads)
+            linear.adopt_choice(device, dtype, choices[dtype].guess)
         kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
     model = load_from_artifact(served)
+    # A host's first start loads on the likely kernel while the probe's child runs; where
+    # the probe answers otherwise (rare: oneDNN's rows or threads disagreeing), the model
+    # is loaded again on the kernel it chose.
+    answers = {dtype: choice.finish() for dtype, choice in choices.items()}
+    for dtype, answer in answers.items():
+        linear.adopt_choice(device, dtype, answer)
+    if any(answers[dtype].linear != choice.guess.linear for dtype, choice in choices.items()):
+        del model
+        model = load_from_artifact(served)
+    else:
+        _card_probe_answer(model, choices, answers)
     # The 1-thread cut-offs, found here so that replicas at 1 thread inherit them.
-    _calibrate(model, torch_device(served.device), {torch_dtype(served.dtype), torch.float32})
+    _calibrate(model, device, {torch_dtype(served.dtype), torch.float32})
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise RuntimeError(f"loading the model left {threads} threads; forking needs 1")
@@ -80,17 +94,50 @@ def preload(argv: list[str]) -> dict:
     return {"kernel": card, "load_s": round(time.perf_counter() - started, 3)}
 
 
-def _host_choice(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:
-    """The probe's answer for this host: the one kept from an earlier start
-    (sr.models.probe_cache), else probed now in a child, and kept."""
-    path = probe_cache.cache_file(host_cache_dir())
-    key = probe_cache.probe_key(device, dtype, threads, native_library_variables())
-    kept = probe_cache.load(path, key)
-    if kept is not None:
-        return linear.KernelChoice(kept["linear"], f"{kept['reason']} (probed at an earlier start)")
-    choice = _probe_in_child(device, dtype, threads)
-    probe_cache.store(path, key, choice.card())
-    return choice
+@attrs.define
+class _HostChoice:
+    """The kernel probe's answer for this host: the one kept from an earlier start
+    (sr.models.probe_cache), else probed in a child that runs meanwhile (`finish` waits for
+    it and keeps its answer). `guess`: the answer the model is loaded on until then."""
+
+    guess: linear.KernelChoice
+    probe: _ProbeChild | None = None
+    key: str = ""  # the probe cache's key for the probe's answer
+    _answer: linear.KernelChoice | None = attrs.field(default=None, init=False)
+
+    @classmethod
+    def start(cls, device: torch.device, dtype: torch.dtype, threads: int) -> _HostChoice:
+        path = probe_cache.cache_file(host_cache_dir())
+        key = probe_cache.probe_key(device, dtype, threads, native_library_variables())
+        kept = probe_cache.load(path, key)
+        if kept is not None:
+            reason = f"{kept['reason']} (probed at an earlier start)"
+            return cls(linear.KernelChoice(kept["linear"], reason))
+        unavailable = kernels.onednn_unavailable(device, dtype)
+        if unavailable is not None:  # the probe's own first answer, without a child
+            return cls(linear.KernelChoice(kernels.BLAS, unavailable))
+        guess = linear.KernelChoice(kernels.ONEDNN, "loaded while the probe ran")
+        return cls(guess, _ProbeChild.start(device, dtype, threads), key)
+
+    def finish(self) -> linear.KernelChoice:
+        """The probe's answer (kept on disk for later starts), once its child reported."""
+        if self.probe is None:
+            return self.guess
+        if self._answer is None:
+            self._answer = self.probe.wait()
+            probe_cache.store(
+                probe_cache.cache_file(host_cache_dir()), self.key, self._answer.card()
+            )
+        return self._answer
+
+
+def _card_probe_answer(model, choices: dict, answers: dict) -> None:
+    """The model's kernel card with the probe's own reason where it was loaded on the
+    guess the probe then confirmed."""
+    backbone = getattr(model, "backbone", None)
+    for dtype, choice in choices.items():
+        if getattr(backbone, "kernel", None) == choice.guess:
+            backbone.kernel = answers[dtype]
 
 
 def _calibrate(model, device: torch.device, dtypes: set[torch.dtype]) -> None:
@@ -120,28 +167,38 @@ def _calibrate(model, device: torch.device, dtypes: set[torch.dtype]) -> None:
     probe_cache.store_cut_offs(path, new)
 
 
-def _probe_in_child(device: torch.device, dtype: torch.dtype, threads: int) -> linear.KernelChoice:
-    """The host's kernel choice, probed in a child that exits after reporting it, so the
-    probe's OpenMP threads never exist in this process."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read_end)
-            torch.set_num_threads(threads)  # the count the worker's own probe would run at
-            choice = linear.choose_kernel(device, dtype)
-            os.write(write_end, json.dumps(attrs.asdict(choice)).encode())
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as report:
-        data = report.read(PROBE_REPORT_MAX)
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        code = os.waitstatus_to_exitcode(status)
-        raise RuntimeError(f"the kernel probe's child exited {code} without a choice")
-    return linear.KernelChoice(**json.loads(data))
+@attrs.define
+class _ProbeChild:
+    """The host's kernel choice, probed in a child that exits after reporting it on a pipe,
+    so the probe's OpenMP threads never exist in this process."""
+
+    pid: int
+    read_end: int
+
+    @classmethod
+    def start(cls, device: torch.device, dtype: torch.dtype, threads: int) -> _ProbeChild:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read_end)
+                torch.set_num_threads(threads)  # the count the worker's own probe would run at
+                choice = linear.choose_kernel(device, dtype)
+                os.write(write_end, json.dumps(attrs.asdict(choice)).encode())
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        return cls(pid, read_end)
+
+    def wait(self) -> linear.KernelChoice:
+        with os.fdopen(self.read_end, "rb") as report:
+            data = report.read(PROBE_REPORT_MAX)
+        _, status = os.waitpid(self.pid, 0)
+        if not data:
+            code = os.waitstatus_to_exitcode(status)
+            raise RuntimeError(f"the kernel probe's child exited {code} without a choice")
+        return linear.KernelChoice(**json.loads(data))

@@ -62,21 +62,36 @@ def test_only_the_variables_torchs_libraries_read_are_part_of_the_key():
 
 
 def test_the_model_server_probes_once_and_then_takes_the_kept_choice(tmp_path, monkeypatch):
+    """A host's first start loads on oneDNN while the probe's child runs; its answer is
+    kept, and a later start takes it without a child."""
     monkeypatch.setenv("SR_CACHE_DIR", str(tmp_path))
     probes = []
 
-    def probe(device, dtype, threads):
-        probes.append((device, dtype, threads))
-        return model_server.linear.KernelChoice("blas", "probed")
+    class Probe:
+        def __init__(self, device, dtype, threads):
+            probes.append((device, dtype, threads))
 
-    monkeypatch.setattr(model_server, "_probe_in_child", probe)
-    first = model_server._host_choice(CPU, torch.float32, 2)
-    again = model_server._host_choice(CPU, torch.float32, 2)
-    other_count = model_server._host_choice(CPU, torch.float32, 1)
-    assert first == model_server.linear.KernelChoice("blas", "probed")
-    assert again == model_server.linear.KernelChoice("blas", "probed (probed at an earlier start)")
-    assert other_count.reason == "probed"
+        def wait(self):
+            return model_server.linear.KernelChoice("blas", "probed")
+
+    monkeypatch.setattr(model_server._ProbeChild, "start", Probe)
+    first = model_server._HostChoice.start(CPU, torch.float32, 2)
+    assert first.guess.linear == "onednn"  # this torch build has oneDNN
+    assert first.finish() == model_server.linear.KernelChoice("blas", "probed")
+    again = model_server._HostChoice.start(CPU, torch.float32, 2)
+    kept = model_server.linear.KernelChoice("blas", "probed (probed at an earlier start)")
+    assert again.guess == kept and again.finish() == kept
+    other_count = model_server._HostChoice.start(CPU, torch.float32, 1)
+    assert other_count.finish().reason == "probed"
     assert probes == [(CPU, torch.float32, 2), (CPU, torch.float32, 1)]
+
+
+def test_a_dtype_onednn_cannot_serve_is_blas_without_a_probe(tmp_path, monkeypatch):
+    monkeypatch.setenv("SR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(model_server._ProbeChild, "start", None)  # a call would fail
+    choice = model_server._HostChoice.start(CPU, torch.float16, 2)
+    assert choice.finish().linear == "blas"
+    assert choice.finish().reason == "float16 is served by BLAS"
 
 
 def test_cut_offs_are_kept_per_key_and_shape_and_kernel(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
+from sr.models.artifacts import EMBEDDED_DEFAULT
 from sr.pool import fork_start, forked, open_router
 from sr.pool.views import ReplicaView
 from tests.pool.test_forkserver import cmdline, parent_of
@@ -228,3 +229,34 @@ def test_the_model_server_measures_the_one_thread_cut_offs_before_forking(tiny_m
         capture_output=True, text=True, timeout=120, check=True, env=env,
     )  # fmt: skip
     assert done.stdout.strip() == "[(1, 'onednn')]"
+
+
+@pytest.mark.parametrize("answer", ["onednn", "blas"])
+def test_a_first_start_loads_again_only_where_the_probe_overrules_its_guess(answer, tmp_path):
+    """The model is loaded on oneDNN while the probe's child runs (here a stand-in that
+    answers `answer`): kept when the probe agrees, the card giving the probe's reason;
+    loaded a second time on BLAS when it does not."""
+    script = (
+        "import json, sys\n"
+        "from sr.models import linear\n"
+        "from sr.worker import model_server\n"
+        "class Probe:\n"
+        "    def __init__(self, device, dtype, threads): pass\n"
+        "    def wait(self): return linear.KernelChoice(sys.argv[1], 'the probe answered')\n"
+        "model_server._ProbeChild.start = Probe\n"
+        "loads, load = [], model_server.load_from_artifact\n"
+        "model_server.load_from_artifact = lambda options: loads.append(1) or load(options)\n"
+        "ready = model_server.preload(sys.argv[2:])\n"
+        "print(json.dumps({'kernel': ready['kernel'], 'loads': len(loads)}))\n"
+    )
+    argv = [sys.executable, "-m", "sr", "worker", "--artifact", EMBEDDED_DEFAULT]
+    env = {**os.environ, **fork_start.SERVER_ONLY_ENV, "SR_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script, answer, *argv],
+        capture_output=True, text=True, timeout=120, check=True, env=env,
+    )  # fmt: skip
+    ready = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ready == {
+        "kernel": {"linear": answer, "reason": "the probe answered"},
+        "loads": 1 if answer == "onednn" else 2,
+    }
