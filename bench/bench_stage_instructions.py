@@ -156,6 +156,7 @@ def router_dispatch() -> Callable[[int], None]:
 
 def router_hop() -> Callable[[int], None]:
     from sr.http.client import Http1Pool, parse_head
+    from sr.http.hop import Hop
 
     pool = Http1Pool(uds="/nonexistent")
     head = (
@@ -167,7 +168,7 @@ def router_hop() -> Callable[[int], None]:
         # the bytes the hop writes, without a socket
         pool._request_bytes(
             "POST", "/v1/embeddings", _request_body("primary", number),
-            "0123456789abcdef", "primary",
+            Hop("0123456789abcdef", "primary", None),
         )  # fmt: skip
         parse_head(head)
 
