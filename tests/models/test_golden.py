@@ -1,4 +1,5 @@
 import json
+import threading
 
 import pytest
 import torch
@@ -99,3 +100,31 @@ def test_golden_check_reports_a_crashing_forward_as_failed(tiny_model_dir, monke
     monkeypatch.setattr(model.backbone, "hidden_states", broken)
     result = golden_check(model)
     assert result.status == "failed" and "kernel exploded" in result.reason
+
+
+@pytest.mark.parametrize("spare_core", [True, False])
+def test_the_weights_digest_is_hashed_beside_the_forwards_only_with_a_core_to_spare(
+    tiny_model_dir, monkeypatch, spare_core
+):
+    """Beside the forwards (a helper thread) where their threads leave a core free, else
+    on the checking thread; the check's answer is the same either way."""
+    from sr.models import encoder, golden
+
+    hashed_on = []
+    real_sha256 = encoder.file_sha256
+
+    def file_sha256(path):
+        hashed_on.append(threading.current_thread().name)
+        return real_sha256(path)
+
+    monkeypatch.setattr(encoder, "file_sha256", file_sha256)
+    monkeypatch.setattr(golden.os, "sched_getaffinity", lambda pid: set(range(2)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if spare_core else 2)
+    try:
+        result = golden_check(load_model(tiny_model_dir))
+    finally:
+        torch.set_num_threads(before)
+    assert result.status == "passed"
+    assert len(hashed_on) == 1
+    assert hashed_on[0].startswith("sr-golden-digest") == spare_core
