@@ -104,11 +104,10 @@ def one_start(tree: Path, scratch: Path, cache_home: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", help="a revision of this checkout to compare against")
-    parser.add_argument("--runs", type=int, default=4, help="starts per side")
-    parser.add_argument(
-        "--first-starts", type=int, default=1,
-        help="of a side's runs, how many start on an empty cache (a host's first start)",
-    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=4,
+                        help="starts per side: a first start, then runs - 1 later")  # fmt: skip
+    parser.add_argument("--first-starts", type=int, default=1,
+                        help="first starts per side, each on an empty cache")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sr-cold-") as scratch_name:
         scratch = Path(scratch_name)
@@ -116,7 +115,7 @@ def main() -> None:
         if args.baseline:
             trees["baseline"] = export_tree(args.baseline, scratch)
         caches = {side: scratch / f"cache-{side}" for side in trees}
-        runs_per_side = args.runs + args.first_starts - 1
+        runs_per_side = args.first_starts + args.runs - 1  # the later starts: runs - 1
         order = schedule(runs_per_side) if args.baseline else ["candidate"] * runs_per_side
         runs: dict[str, list[dict]] = {side: [] for side in trees}
         imports = {side: import_seconds(tree) for side, tree in trees.items()}

@@ -20,7 +20,6 @@ it was measured against (`against`: the reference file, `float32 forward`, or No
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -29,6 +28,8 @@ from typing import Literal
 
 import attrs
 import torch
+
+from sr.devices import cpu_budget
 
 GOLDEN_INPUTS: tuple[str, ...] = (
     "hello",
@@ -104,7 +105,7 @@ def golden_check(model, *, references=REFERENCE_FILES, float32_embed=None) -> Go
     # the file runs on a helper thread beside them, as hashlib lets go of the GIL (MiniLM's
     # 90 MB on a 2-core host, 1 thread: the check 0.21 s against 0.30 s one after the
     # other); on every core, the helper would only slow the forwards' team.
-    if torch.get_num_threads() >= len(os.sched_getaffinity(0)):
+    if torch.get_num_threads() >= cpu_budget():
         return _check(model, lambda: model.weights_sha256, references, float32_embed)
     with ThreadPoolExecutor(1, thread_name_prefix="sr-golden-digest") as hashing:
         digest = hashing.submit(lambda: model.weights_sha256)

@@ -66,9 +66,10 @@ def preload(argv: list[str]) -> dict:
     fresh_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     device = torch_device(served.device)
+    dtypes = {torch_dtype(served.dtype), torch.float32}  # float32: Dense modules
     choices: dict[torch.dtype, _HostChoice] = {}
     if served.kernel != kernels.BLAS:  # "blas" is never probed
-        for dtype in {torch_dtype(served.dtype), torch.float32}:  # float32: Dense modules
+        for dtype in dtypes:
             choices[dtype] = _HostChoice.start(device, dtype, fresh_threads)
             linear.adopt_choice(device, dtype, choices[dtype].guess)
         kernels.bound_onednn_caches()  # before packing creates the first oneDNN primitive
@@ -85,7 +86,7 @@ def preload(argv: list[str]) -> dict:
     else:
         _card_probe_answer(model, choices, answers)
     # The 1-thread cut-offs, found here so that replicas at 1 thread inherit them.
-    _calibrate(model, device, {torch_dtype(served.dtype), torch.float32})
+    _calibrate(model, device, dtypes)
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise RuntimeError(f"loading the model left {threads} threads; forking needs 1")
@@ -97,38 +98,34 @@ def preload(argv: list[str]) -> dict:
 @attrs.define
 class _HostChoice:
     """The kernel probe's answer for this host: the one kept from an earlier start
-    (sr.models.probe_cache), else probed in a child that runs meanwhile (`finish` waits for
-    it and keeps its answer). `guess`: the answer the model is loaded on until then."""
+    (sr.models.probe_cache), else probed in a child that runs meanwhile. `guess`: the
+    answer the model is loaded on until `finish` (called once) has the probe's."""
 
     guess: linear.KernelChoice
+    key: str  # the probe cache's key for this host, device, dtype and thread count
     probe: _ProbeChild | None = None
-    key: str = ""  # the probe cache's key for the probe's answer
-    _answer: linear.KernelChoice | None = attrs.field(default=None, init=False)
 
     @classmethod
     def start(cls, device: torch.device, dtype: torch.dtype, threads: int) -> _HostChoice:
-        path = probe_cache.cache_file(host_cache_dir())
         key = probe_cache.probe_key(device, dtype, threads, native_library_variables())
-        kept = probe_cache.load(path, key)
+        kept = probe_cache.load(probe_cache.cache_file(host_cache_dir()), key)
         if kept is not None:
             reason = f"{kept['reason']} (probed at an earlier start)"
-            return cls(linear.KernelChoice(kept["linear"], reason))
+            return cls(linear.KernelChoice(kept["linear"], reason), key)
         unavailable = kernels.onednn_unavailable(device, dtype)
         if unavailable is not None:  # the probe's own first answer, without a child
-            return cls(linear.KernelChoice(kernels.BLAS, unavailable))
+            return cls(linear.KernelChoice(kernels.BLAS, unavailable), key)
         guess = linear.KernelChoice(kernels.ONEDNN, "loaded while the probe ran")
-        return cls(guess, _ProbeChild.start(device, dtype, threads), key)
+        return cls(guess, key, _ProbeChild.start(device, dtype, threads))
 
     def finish(self) -> linear.KernelChoice:
-        """The probe's answer (kept on disk for later starts), once its child reported."""
+        """The probe's answer, kept on disk for later starts, once its child reported; the
+        guess where no child ran."""
         if self.probe is None:
             return self.guess
-        if self._answer is None:
-            self._answer = self.probe.wait()
-            probe_cache.store(
-                probe_cache.cache_file(host_cache_dir()), self.key, self._answer.card()
-            )
-        return self._answer
+        answer = self.probe.wait()
+        probe_cache.store(probe_cache.cache_file(host_cache_dir()), self.key, answer.card())
+        return answer
 
 
 def _card_probe_answer(model, choices: dict, answers: dict) -> None:
