@@ -103,7 +103,7 @@ def golden_check(model, *, references=REFERENCE_FILES, float32_embed=None) -> Go
     ids -> embeddings; default `float32_twin_embeddings`)."""
     # The weights' digest names the reference. Where the forwards leave a core free, hashing
     # the file runs on a helper thread beside them, as hashlib lets go of the GIL (MiniLM's
-    # 90 MB on a 2-core host, 1 thread: the check 0.21 s against 0.30 s one after the
+    # 90 MB on a 2-core host, 1 thread: the check 0.18 s against 0.26 s one after the
     # other); on every core, the helper would only slow the forwards' team.
     if torch.get_num_threads() >= cpu_budget():
         return _check(model, lambda: model.weights_sha256, references, float32_embed)
