@@ -22,6 +22,7 @@ from sr.models.prompts import Prompts
 from sr.worker import peer_fields, timing, token_tasks
 from sr.worker import validation as v
 from sr.worker.document_cut import first_tokens
+from sr.worker.embedding_answer import EmbeddingList
 from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
 from sr.worker.sparse_task import sparse_embeddings
@@ -89,7 +90,7 @@ class Tasks:
                 skip = self._prompt_lengths[prompt] = prompt_length(self.model.tokenizer, prompt)
         return [prompt + text for text in texts], skip
 
-    async def embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def embeddings(self, body: dict[str, Any]) -> EmbeddingList:
         body = peer_fields.embeddings_body(body)  # Jina's and Infinity's fields as sr's
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
         model_name = self._served_model(body)
@@ -144,22 +145,18 @@ class Tasks:
         vectors = await self.engine.compute(
             "embed_unnormalized" if unnormalized else "embed", rows, starts
         )
+        float32 = True  # the model's own values, until made unit length here in float64
         if dimensions is not None and dimensions < size:
             unit = self.model.normalize if normalize is None else normalize
             vectors = [_shorten(vec, dimensions, unit) for vec in vectors]
+            float32 = not unit
         elif normalize and not self.model.normalize:
             vectors = [_unit(vec) for vec in vectors]
+            float32 = False
         if encoding == "base64":
             vectors = [_base64_float32(vec) for vec in vectors]
-        data = [
-            {"object": "embedding", "index": i, "embedding": vec} for i, vec in enumerate(vectors)
-        ]
-        return {
-            "object": "list",
-            "model": model_name,
-            "data": data,
-            "usage": usage,
-        }
+            float32 = False
+        return EmbeddingList(model_name, vectors, usage, float32)
 
     async def sparse_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await sparse_embeddings(self, body)  # sr.worker.sparse_task

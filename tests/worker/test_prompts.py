@@ -14,6 +14,7 @@ from worker_fakes import get, passing_golden, post, running
 
 from sr.worker.options import WorkerOptions
 from sr.worker.state import WorkerState
+from tests.float32 import as_float32
 from tests.models.st_reference import encode
 
 TOLERANCE = 1e-5
@@ -130,7 +131,7 @@ async def test_include_prompt_false_pools_without_the_prompt(tiny_model_dir, tmp
                 service, "/v1/embeddings", {"input": text, "prompt_name": "retrieval.query"}
             )
             assert status == 200
-            assert answer["data"][0]["embedding"] == got[index].tolist()
+            assert as_float32(answer["data"][0]["embedding"]) == got[index].tolist()
 
 
 async def test_prompt_refusals_name_the_field(prompted_dir):

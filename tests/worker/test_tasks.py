@@ -18,6 +18,7 @@ from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
 from sr.worker.state import WorkerState
 from sr.worker.validation import MAX_BODY_BYTES, MAX_INPUTS
+from tests.float32 import as_float32
 
 
 def options(model_dir, **kw) -> WorkerOptions:
@@ -110,7 +111,7 @@ async def test_embeddings_answer_shape_and_base64(worker):
         worker, "/v1/embeddings", {"input": "hello world", "encoding_format": "base64"}
     )
     raw = base64.b64decode(b64["data"][0]["embedding"])
-    assert list(struct.unpack(f"<{len(vector)}f", raw)) == vector
+    assert list(struct.unpack(f"<{len(vector)}f", raw)) == as_float32(vector)
 
 
 async def test_overflow_reject_names_the_input_index(tiny_model_dir):

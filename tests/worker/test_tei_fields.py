@@ -12,6 +12,7 @@ from worker_fakes import passing_golden, post, running
 
 from sr.models.testing import write_tiny_bert
 from sr.worker.options import WorkerOptions
+from tests.float32 import as_float32
 
 TEXTS = ["hello world", "a somewhat longer sentence about invoices and bills", "hi"]
 HELLO_WORLD = [101, 7592, 2088, 102]  # [CLS] hello world [SEP] (MiniLM vocabulary)
@@ -73,7 +74,8 @@ async def test_unnormalized_rows_are_bit_identical_alone_and_batched(worker):
 async def test_normalize_true_on_a_model_without_normalize(raw_model_dir):
     opts = WorkerOptions(artifact=str(raw_model_dir))
     async with running(opts, golden_check_fn=passing_golden) as service:
-        raw = await _vectors(service, input=TEXTS)
+        # The model's float32 values, from which the worker normalises.
+        raw = [as_float32(vector) for vector in await _vectors(service, input=TEXTS)]
         unit = await _vectors(service, input=TEXTS, normalize=True)
         cut = await _vectors(service, input=TEXTS, normalize=True, dimensions=8)
         cut_raw = await _vectors(service, input=TEXTS, normalize=False, dimensions=8)
@@ -82,7 +84,7 @@ async def test_normalize_true_on_a_model_without_normalize(raw_model_dir):
         assert normalized == pytest.approx([x / _norm(vector) for x in vector], rel=1e-12)
     for vector, head in zip(raw, cut, strict=True):  # cut first, then normalised (TEI's order)
         assert head == pytest.approx([x / _norm(vector[:8]) for x in vector[:8]], rel=1e-12)
-    assert cut_raw == [vector[:8] for vector in raw]
+    assert [as_float32(vector) for vector in cut_raw] == [vector[:8] for vector in raw]
 
 
 async def test_normalize_false_with_dimensions_only_cuts(worker):
