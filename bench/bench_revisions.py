@@ -131,6 +131,8 @@ def key_numbers(name: str, result: dict) -> dict[str, float]:
             cell = f"{case['threads']}t {case['rows']} x{case['batch']}"
             for side, ms in case["wall_ms"].items():
                 numbers[f"{cell} {side} wall ms"] = ms
+    elif name == "stages":  # bench_stages: one request's stages, medians
+        numbers = {f"{stage}, ms": ms for stage, ms in result["stages_ms"].items()}
     else:
         raise SystemExit(f"no key numbers defined for {name!r}")
     return numbers
