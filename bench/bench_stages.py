@@ -1,10 +1,11 @@
 """Where one request's time goes, stage by stage, through a real `sr serve`.
 
-    python -m bench.bench_stages [--requests 300] [--artifact DIR]
+    python -m bench.bench_stages [--requests 300] [--artifact DIR] [--engine onnxruntime]
 
-`sr serve` on the embedded MiniLM (or --artifact), one CPU worker at 1 thread, result
-cache off. One client sends one request at a time, `POST /v1/embeddings` with a new short
-text each, alternating between the router (TCP) and the worker itself (its Unix socket).
+`sr serve` on the embedded MiniLM (or --artifact), one CPU worker at 1 thread on the torch
+engine (or --engine's), result cache off. One client sends one request at a time, `POST
+/v1/embeddings` with a new short text each, alternating between the router (TCP) and the
+worker itself (its Unix socket).
 The worker's own clock comes off each direct answer's `x-sr-timing` (microseconds,
 sr.worker.timing; the router does not pass it on). Medians per stage:
 
@@ -82,11 +83,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--artifact", default=None, help="default: the embedded MiniLM")
+    parser.add_argument("--engine", choices=("torch", "onnxruntime"), default="torch")
     args = parser.parse_args()
     artifact = args.artifact or embedded_artifact()
     with (
         tempfile.TemporaryDirectory(prefix="sr-stages-") as workdir,
-        ServeProcess(artifact, Path(workdir)) as serve,
+        ServeProcess(artifact, Path(workdir), engine=args.engine) as serve,
     ):
         medians = trio.run(
             measure, serve.url, serve.worker_sockets[0], serve.served_artifact, args.requests
@@ -106,7 +108,7 @@ def main() -> None:
     print_table(["stage (median)", "ms"], [[name, f"{value / 1000:.3f}"] for name, value in stages])
     write_result(
         "stages",
-        {"artifact": artifact, "requests": args.requests,
+        {"artifact": artifact, "engine": args.engine, "requests": args.requests,
          "stages_ms": {name: round(value / 1000, 4) for name, value in stages}},
     )  # fmt: skip
 
