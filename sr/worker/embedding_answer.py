@@ -1,4 +1,4 @@
-"""The JSON text of an embeddings answer, its float32 vectors written at C speed.
+"""The JSON text of a list of vectors (embeddings, per-token states): float32 ones at C speed.
 
 Python's json writes a float with `repr`, the shortest text that reads back as the same
 float64: a float32 value widened to float64 takes up to 17 digits (0.10000000149011612),
@@ -8,7 +8,8 @@ one (the round-trip bound of IEEE 754's binary32), and '%.9g' writes a whole vec
 C call: MiniLM's 384 values in 130 us against 433 us, 5.2 KB against 8.0 KB, and each
 client's parse shortens with them. A vector computed here in float64 (made unit length
 again after `dimensions` cut it, or normalised on request) is written by repr as before:
-nine digits would round what float64 holds.
+nine digits would round what float64 holds. Per-token answers (a hidden state per token,
+hundreds of thousands of floats for a long text) are written the same way.
 """
 
 from __future__ import annotations
@@ -36,25 +37,37 @@ def float32_json(values: list[float]) -> str:
 
 
 @attrs.frozen
-class EmbeddingList:
-    """OpenAI's embeddings answer: `{"object": "list", "model", "data": [{"object":
-    "embedding", "index", "embedding"}], "usage"}`, each embedding a list of floats or a
-    base64 string. `float32`: the vectors are lists of float32 values as the model gave them
-    (not base64, not computed here in float64)."""
+class VectorList:
+    """An OpenAI-shaped list of vectors: `{"object": "list", "model", "data": [{"object":
+    ITEM, "index", FIELD: vector}], "usage"}`: /v1/embeddings' (`embedding`, each a list of
+    floats or a base64 string) and /v1/token_embeddings' (`token_embeddings`, `embeddings`:
+    each a list of per-token vectors, `per_token`). `float32`: the floats are float32 values
+    as the model gave them (not base64, not computed here in float64)."""
 
     model: str
+    item: str
+    field: str
     vectors: list[Any]
     usage: dict[str, int]
     float32: bool
+    per_token: bool = False
+
+    @classmethod
+    def embeddings(cls, model: str, vectors: list[Any], usage: dict[str, int], float32: bool):
+        return cls(model, "embedding", "embedding", vectors, usage, float32)
+
+    @classmethod
+    def token_embeddings(cls, model: str, rows: list[list[list[float]]], usage: dict[str, int]):
+        return cls(model, "token_embeddings", "embeddings", rows, usage, True, per_token=True)
 
     def to_json(self) -> bytes:
         write = float32_json if self.float32 else _dumps
-        data = ",".join(
-            [
-                f'{{"object":"embedding","index":{i},"embedding":{write(vec)}}}'
-                for i, vec in enumerate(self.vectors)
-            ]
-        )
+        if self.per_token:
+            texts = ["[" + ",".join(map(write, row)) + "]" for row in self.vectors]
+        else:
+            texts = [write(vector) for vector in self.vectors]
+        head, field = f'{{"object":"{self.item}","index":', f',"{self.field}":'
+        data = ",".join([f"{head}{i}{field}{text}}}" for i, text in enumerate(texts)])
         model = _dumps(self.model)
         text = f'{{"object":"list","model":{model},"data":[{data}],"usage":{_dumps(self.usage)}}}'
         return text.encode()

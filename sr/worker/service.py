@@ -36,7 +36,7 @@ from sr.http.hop import NO_HOP, Hop
 from sr.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
-from sr.worker.embedding_answer import EmbeddingList
+from sr.worker.embedding_answer import VectorList
 from sr.worker.engine import INLINE_FORWARD_TOKENS, Engine
 from sr.worker.faults import FaultState
 from sr.worker.metrics import WorkerMetrics
@@ -68,7 +68,7 @@ _INLINE_ANSWER_FLOATS = 100_000
 
 
 def _encode(answer: Any) -> bytes:
-    if type(answer) is EmbeddingList:  # its float32 vectors written by sr, faster than json's
+    if type(answer) is VectorList:  # its float32 vectors written by sr, faster than json's
         return answer.to_json()
     return _dumps(answer).encode()
 

@@ -22,7 +22,7 @@ from sr.models.prompts import Prompts
 from sr.worker import peer_fields, timing, token_tasks
 from sr.worker import validation as v
 from sr.worker.document_cut import first_tokens
-from sr.worker.embedding_answer import EmbeddingList
+from sr.worker.embedding_answer import VectorList
 from sr.worker.prompting import prompt_length, prompt_text
 from sr.worker.served_as import served_model
 from sr.worker.sparse_task import sparse_embeddings
@@ -90,7 +90,7 @@ class Tasks:
                 skip = self._prompt_lengths[prompt] = prompt_length(self.model.tokenizer, prompt)
         return [prompt + text for text in texts], skip
 
-    async def embeddings(self, body: dict[str, Any]) -> EmbeddingList:
+    async def embeddings(self, body: dict[str, Any]) -> VectorList:
         body = peer_fields.embeddings_body(body)  # Jina's and Infinity's fields as sr's
         v.check_fields(body, allowed=_EMBEDDINGS_FIELDS, required=("input",))
         model_name = self._served_model(body)
@@ -156,7 +156,7 @@ class Tasks:
         if encoding == "base64":
             vectors = [_base64_float32(vec) for vec in vectors]
             float32 = False
-        return EmbeddingList(model_name, vectors, usage, float32)
+        return VectorList.embeddings(model_name, vectors, usage, float32)
 
     async def sparse_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await sparse_embeddings(self, body)  # sr.worker.sparse_task

@@ -13,6 +13,7 @@ import trio
 from sr.errors import InvalidRequest, RequestTooLarge
 from sr.http.jsonbody import json_kind
 from sr.worker import validation as v
+from sr.worker.embedding_answer import VectorList
 from sr.worker.prompting import prompt_text
 
 _TOKENIZE_FIELDS = frozenset({"model", "input", "add_special_tokens"})
@@ -47,7 +48,7 @@ async def tokenize(tasks: Any, body: dict[str, Any]) -> dict[str, Any]:
     return {"object": "list", "model": model_name, "data": data, "usage": usage}
 
 
-async def token_embeddings(tasks: Any, body: dict[str, Any]) -> dict[str, Any]:
+async def token_embeddings(tasks: Any, body: dict[str, Any]) -> VectorList:
     """Each text's last hidden state per token (special tokens included), before
     pooling: TEI's /embed_all. Under the overflow rule as /v1/embeddings; prompts as on
     /v1/embeddings (sr.worker.prompting), the prompt's tokens answered with the text's."""
@@ -57,11 +58,7 @@ async def token_embeddings(tasks: Any, body: dict[str, Any]) -> dict[str, Any]:
     texts, _ = tasks._prompted(texts, prompt_text(body, tasks.prompts))
     rows, usage = await tasks._rows(texts, fields, tasks._overflow(body), tasks._cut(body))
     states = await tasks.engine.compute("hidden", rows)
-    data = [
-        {"object": "token_embeddings", "index": i, "embeddings": row}
-        for i, row in enumerate(states)
-    ]
-    return {"object": "list", "model": model_name, "data": data, "usage": usage}
+    return VectorList.token_embeddings(model_name, states, usage)
 
 
 async def detokenize(tasks: Any, body: dict[str, Any]) -> dict[str, Any]:

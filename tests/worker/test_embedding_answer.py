@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from sr.worker.embedding_answer import EmbeddingList, float32_json
+from sr.worker.embedding_answer import VectorList, float32_json
 from tests.float32 import as_float32
 
 
@@ -49,7 +49,8 @@ def test_a_vector_with_nan_or_infinity_is_written_as_the_json_module_writes_it()
 
 def test_the_answer_has_openais_shape_and_order():
     vectors = [as_float32([0.1, -2.5e-7, 3.0]), as_float32([1e-40, 0.0, -0.0])]
-    answer = EmbeddingList("acme/model", vectors, {"prompt_tokens": 4, "total_tokens": 4}, True)
+    usage = {"prompt_tokens": 4, "total_tokens": 4}
+    answer = VectorList.embeddings("acme/model", vectors, usage, True)
     text = answer.to_json().decode()
     parsed = _strict_loads(text)
     assert list(parsed) == ["object", "model", "data", "usage"]
@@ -64,9 +65,22 @@ def test_the_answer_has_openais_shape_and_order():
 def test_float64_vectors_and_base64_strings_are_written_exactly():
     unit = [0.6000000000000001, 0.7999999999999999]
     usage = {"prompt_tokens": 1, "total_tokens": 1}
-    answer = EmbeddingList('a "quoted" name', [unit], usage, False)
+    answer = VectorList.embeddings('a "quoted" name', [unit], usage, False)
     parsed = _strict_loads(answer.to_json().decode())
     assert parsed["data"][0]["embedding"] == unit
     assert parsed["model"] == 'a "quoted" name'
-    encoded = EmbeddingList("m", ["AACAPw=="], usage, False)
+    encoded = VectorList.embeddings("m", ["AACAPw=="], usage, False)
     assert _strict_loads(encoded.to_json().decode())["data"][0]["embedding"] == "AACAPw=="
+
+
+def test_per_token_vectors_are_written_as_float32_too():
+    rows = [[as_float32([0.1, -0.2]), as_float32([3e-8, 1.5])], [as_float32([7.0, -0.0])]]
+    usage = {"prompt_tokens": 3, "total_tokens": 3}
+    text = VectorList.token_embeddings("m", rows, usage).to_json().decode()
+    parsed = _strict_loads(text)
+    assert list(parsed) == ["object", "model", "data", "usage"]
+    assert [list(item) for item in parsed["data"]] == [["object", "index", "embeddings"]] * 2
+    assert {item["object"] for item in parsed["data"]} == {"token_embeddings"}
+    assert [item["index"] for item in parsed["data"]] == [0, 1]
+    assert [[as_float32(v) for v in item["embeddings"]] for item in parsed["data"]] == rows
+    assert '"embeddings":[[0.100000001,' in text
