@@ -45,6 +45,9 @@ class Front(Protocol):
     @property
     def route(self) -> str: ...  # the path the caller used (the metrics label)
 
+    @property
+    def rewrites_answers(self) -> bool: ...  # `answer` reads the payload (not as it is)
+
     def parse(self, raw: bytes, addressed: str | None = None) -> Routed: ...
     def forward(self, request: Any, raw: bytes) -> bytes: ...
     def answer(self, request: Any, payload: bytes) -> bytes: ...
@@ -68,6 +71,7 @@ class NativeFront:
 
     route: str
     worker_route: str = ""  # the worker's route when it differs (an alias such as /embeddings)
+    rewrites_answers = False
 
     def parse(self, raw: bytes, addressed: str | None = None) -> NativeRequest:
         body = parse_json_object(raw)  # parsed once, to find the deployment and cache key
