@@ -36,37 +36,36 @@ def float32_json(values: list[float]) -> str:
     return _dumps(values) if "n" in text else text
 
 
+# Each item's text before its index and between its index and its vector, per list kind.
+_EMBEDDING_ITEM = ('{"object":"embedding","index":', ',"embedding":')
+_TOKEN_EMBEDDINGS_ITEM = ('{"object":"token_embeddings","index":', ',"embeddings":')
+
+
 @attrs.frozen
 class VectorList:
-    """An OpenAI-shaped list of vectors: `{"object": "list", "model", "data": [{"object":
-    ITEM, "index", FIELD: vector}], "usage"}`: /v1/embeddings' (`embedding`, each a list of
-    floats or a base64 string) and /v1/token_embeddings' (`token_embeddings`, `embeddings`:
-    each a list of per-token vectors, `per_token`). `float32`: the floats are float32 values
+    """An OpenAI-shaped list of vectors: `{"object": "list", "model", "data": [{"object",
+    "index", vector field}], "usage"}`: /v1/embeddings' (items `embedding`, each a list of
+    floats or a base64 string) and /v1/token_embeddings' (items `token_embeddings`, field
+    `embeddings`: each a list of per-token vectors). `float32`: the floats are float32 values
     as the model gave them (not base64, not computed here in float64)."""
 
     model: str
-    item: str
-    field: str
     vectors: list[Any]
     usage: dict[str, int]
     float32: bool
-    per_token: bool = False
-
-    @classmethod
-    def embeddings(cls, model: str, vectors: list[Any], usage: dict[str, int], float32: bool):
-        return cls(model, "embedding", "embedding", vectors, usage, float32)
+    item: tuple[str, str] = _EMBEDDING_ITEM
 
     @classmethod
     def token_embeddings(cls, model: str, rows: list[list[list[float]]], usage: dict[str, int]):
-        return cls(model, "token_embeddings", "embeddings", rows, usage, True, per_token=True)
+        return cls(model, rows, usage, True, _TOKEN_EMBEDDINGS_ITEM)
 
     def to_json(self) -> bytes:
         write = float32_json if self.float32 else _dumps
-        if self.per_token:
+        if self.item is _TOKEN_EMBEDDINGS_ITEM:
             texts = ["[" + ",".join(map(write, row)) + "]" for row in self.vectors]
         else:
             texts = [write(vector) for vector in self.vectors]
-        head, field = f'{{"object":"{self.item}","index":', f',"{self.field}":'
+        head, field = self.item
         data = ",".join([f"{head}{i}{field}{text}}}" for i, text in enumerate(texts)])
         model = _dumps(self.model)
         text = f'{{"object":"list","model":{model},"data":[{data}],"usage":{_dumps(self.usage)}}}'

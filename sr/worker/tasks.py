@@ -156,7 +156,7 @@ class Tasks:
         if encoding == "base64":
             vectors = [_base64_float32(vec) for vec in vectors]
             float32 = False
-        return VectorList.embeddings(model_name, vectors, usage, float32)
+        return VectorList(model_name, vectors, usage, float32)
 
     async def sparse_embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
         return await sparse_embeddings(self, body)  # sr.worker.sparse_task

@@ -50,7 +50,7 @@ def test_a_vector_with_nan_or_infinity_is_written_as_the_json_module_writes_it()
 def test_the_answer_has_openais_shape_and_order():
     vectors = [as_float32([0.1, -2.5e-7, 3.0]), as_float32([1e-40, 0.0, -0.0])]
     usage = {"prompt_tokens": 4, "total_tokens": 4}
-    answer = VectorList.embeddings("acme/model", vectors, usage, True)
+    answer = VectorList("acme/model", vectors, usage, True)
     text = answer.to_json().decode()
     parsed = _strict_loads(text)
     assert list(parsed) == ["object", "model", "data", "usage"]
@@ -65,11 +65,11 @@ def test_the_answer_has_openais_shape_and_order():
 def test_float64_vectors_and_base64_strings_are_written_exactly():
     unit = [0.6000000000000001, 0.7999999999999999]
     usage = {"prompt_tokens": 1, "total_tokens": 1}
-    answer = VectorList.embeddings('a "quoted" name', [unit], usage, False)
+    answer = VectorList('a "quoted" name', [unit], usage, False)
     parsed = _strict_loads(answer.to_json().decode())
     assert parsed["data"][0]["embedding"] == unit
     assert parsed["model"] == 'a "quoted" name'
-    encoded = VectorList.embeddings("m", ["AACAPw=="], usage, False)
+    encoded = VectorList("m", ["AACAPw=="], usage, False)
     assert _strict_loads(encoded.to_json().decode())["data"][0]["embedding"] == "AACAPw=="
 
 
