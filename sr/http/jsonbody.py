@@ -30,6 +30,13 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
+# Compact JSON text as the worker writes its answers: one encoder object, built once (a
+# `json.dumps` call with options builds a new one each time).
+compact_json = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, check_circular=False
+).encode
+
+
 def dump_json(value: Any) -> bytes:
     """Compact UTF-8 JSON; a lone surrogate in any string is the caller's InvalidRequest."""
     try:

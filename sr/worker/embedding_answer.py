@@ -14,12 +14,12 @@ hundreds of thousands of floats for a long text) are written the same way.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import attrs
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
+from sr.http.jsonbody import compact_json
+
 # One format string per vector length: a model's embedding size and the `dimensions` asked
 # for below it, so a few entries at most.
 _vector_formats: dict[int, str] = {}
@@ -33,7 +33,7 @@ def float32_json(values: list[float]) -> str:
     text = fmt % tuple(values)
     # '%.9g' writes nan and inf, which JSON has no words for; only they hold an 'n'
     # ('e' is the exponent's letter). The json module writes them as before (NaN, Infinity).
-    return _dumps(values) if "n" in text else text
+    return compact_json(values) if "n" in text else text
 
 
 # Each item's text before its index and between its index and its vector, per list kind.
@@ -60,13 +60,13 @@ class VectorList:
         return cls(model, rows, usage, True, _TOKEN_EMBEDDINGS_ITEM)
 
     def to_json(self) -> bytes:
-        write = float32_json if self.float32 else _dumps
+        write = float32_json if self.float32 else compact_json
         if self.item is _TOKEN_EMBEDDINGS_ITEM:
             texts = ["[" + ",".join(map(write, row)) + "]" for row in self.vectors]
         else:
             texts = [write(vector) for vector in self.vectors]
         head, field = self.item
         data = ",".join([f"{head}{i}{field}{text}}}" for i, text in enumerate(texts)])
-        model = _dumps(self.model)
-        text = f'{{"object":"list","model":{model},"data":[{data}],"usage":{_dumps(self.usage)}}}'
+        model, usage = compact_json(self.model), compact_json(self.usage)
+        text = f'{{"object":"list","model":{model},"data":[{data}],"usage":{usage}}}'
         return text.encode()

@@ -9,7 +9,6 @@ server (sr.worker.http over sr.http.server) and in-process replicas (sr.pool) bo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,7 @@ from sr.errors import (
 )
 from sr.events import EventSink
 from sr.http.hop import NO_HOP, Hop
+from sr.http.jsonbody import compact_json
 from sr.request_id import current as current_request_id
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 JSON_HEADERS = [JSON_CONTENT_TYPE]
 TEXT_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
 _log = logging.getLogger("sr.worker")
 # An answer estimated above this many floats (about 50 ms of JSON) is written off the event
 # loop; one text's answer (a few thousand) is written inline, without a thread's hand-off.
@@ -70,7 +69,7 @@ _INLINE_ANSWER_FLOATS = 100_000
 def _encode(answer: Any) -> bytes:
     if type(answer) is VectorList:  # its float32 vectors written by sr, faster than json's
         return answer.to_json()
-    return _dumps(answer).encode()
+    return compact_json(answer).encode()
 
 
 # Read on every forward: a module global, not the enum's attribute (about 0.1 us less).
@@ -222,9 +221,9 @@ class WorkerService:
 
     def _health_response(self) -> Answer:
         if self.state is _READY:
-            return 200, JSON_HEADERS, _dumps({"status": _READY.value}).encode()
+            return 200, JSON_HEADERS, compact_json({"status": _READY.value}).encode()
         status = {"status": self.state.value, "reason": self.reason}
-        return 503, JSON_HEADERS, _dumps(status).encode()
+        return 503, JSON_HEADERS, compact_json(status).encode()
 
     async def _start(self, device: DeviceThread) -> bool:
         options = self.options
@@ -465,11 +464,11 @@ class WorkerService:
         return 200, TEXT_HEADERS, self.metrics.render()
 
     async def _models_route(self, body: bytes) -> Answer:
-        return 200, JSON_HEADERS, _dumps({"object": "list", "data": [self.card()]}).encode()
+        return 200, JSON_HEADERS, compact_json({"object": "list", "data": [self.card()]}).encode()
 
     async def _faults_route(self, method: str, body: bytes) -> Answer:
         if method == "GET":
-            return 200, JSON_HEADERS, _dumps(self.faults.card()).encode()
+            return 200, JSON_HEADERS, compact_json(self.faults.card()).encode()
         if method != "POST":
             refused = MethodNotAllowed(
                 "/admin/faults takes GET or POST", headers={"Allow": "GET, POST"}
@@ -484,7 +483,7 @@ class WorkerService:
             self.exit_requested = True
             if self._nursery is not None:
                 self._nursery.start_soon(self._exit_later)
-        return 200, JSON_HEADERS, _dumps(card).encode()
+        return 200, JSON_HEADERS, compact_json(card).encode()
 
     async def _exit_later(self) -> None:
         await trio.sleep(_EXIT_FALLBACK_S)
