@@ -28,8 +28,9 @@ The variables (docs/config.md, docs/threads.md, docs/security.md, docs/models.md
   SR_MODEL_DIR                    a folder of model folders, `org/name` or `org--name`
   SR_MALLOC                       default: leave glibc malloc untuned (sr.worker.allocator)
   SR_WORKER_START                 fork | spawn: how CPU workers start (sr.pool.fork_start)
-  SR_CACHE_DIR                    where the host's kernel probe answer is kept (`off`: not
-                                  kept; default $XDG_CACHE_HOME/sr or ~/.cache/sr)
+  SR_CACHE_DIR                    where what a start measures of its host is kept: the kernel
+                                  probe, cut-offs, workers' start checks, ONNX exports (`off`:
+                                  not kept; default $XDG_CACHE_HOME/sr or ~/.cache/sr)
   VLLM_SRUN_CPU_THREADS           threads per managed CPU worker (capped at the CPU budget)
   VLLM_SRUN_CPU_ADAPTIVE_THREADS  0 | 1 | 2: workers' adaptive thread counts (sr.thread_budget)
   VLLM_SRUN_RESULT_CACHE          router result cache entries per deployment; 0: off

@@ -19,8 +19,10 @@ it was measured against (`against`: the reference file, `float32 forward`, or No
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -61,6 +63,14 @@ FLOAT32_FORWARD = "float32 forward"  # `against` when no reference file exists
 
 
 @attrs.frozen
+class GoldenOutputs:
+    """One run of the golden inputs: the embeddings and the head's logits (None: no head)."""
+
+    embeddings: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+@attrs.frozen
 class GoldenResult:
     status: Literal["passed", "failed"]
     reason: str
@@ -97,41 +107,72 @@ def float32_twin_embeddings(model, ids: list[list[int]]) -> torch.Tensor:
     return load_model(model.artifact_dir, device=str(model.device), dtype="float32").embed(ids)
 
 
-def golden_check(model, *, references=REFERENCE_FILES, float32_embed=None) -> GoldenResult:
+def golden_outputs(model, ids: list[list[int]]) -> GoldenOutputs:
+    """The golden inputs' answers as served: embeddings, and the head's logits (per text,
+    or per token for a token-classification head) when the model has a head."""
+    embeddings = model.embed(ids)
+    if model.head_labels is None:
+        return GoldenOutputs(embeddings)
+    head = model.token_logits if getattr(model, "head_task", None) == "token" else None
+    return GoldenOutputs(embeddings, (head or model.classify_logits)(ids))
+
+
+def outputs_digest(ids: list[list[int]], outputs: GoldenOutputs) -> str:
+    """sha256 over the token ids and every answer's shape, dtype and bytes: two equal
+    digests are the same inputs answered with the same bits."""
+    digest = hashlib.sha256(json.dumps(ids).encode())
+    for tensor in (outputs.embeddings, outputs.logits):
+        if tensor is None:
+            digest.update(b"none")
+            continue
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def golden_check(
+    model, *, references=REFERENCE_FILES, float32_embed=None, first: GoldenOutputs | None = None
+) -> GoldenResult:
     """Run the golden inputs twice; compare with a recorded reference when one exists, or,
     at a reduced precision, with a float32 forward of the same weights (`float32_embed`,
-    ids -> embeddings; default `float32_twin_embeddings`)."""
-    # The weights' digest names the reference. Where the forwards leave a core free, hashing
-    # the file runs on a helper thread beside them, as hashlib lets go of the GIL (MiniLM's
-    # 90 MB on a 2-core host, 1 thread: the check 0.18 s against 0.26 s one after the
-    # other); on every core, the helper would only slow the forwards' team.
+    ids -> embeddings; default `float32_twin_embeddings`). `first`: the first run's
+    answers where the caller has them already (`golden_outputs`)."""
+    with weights_digest_beside(model) as digest:
+        return _check(model, digest, references, float32_embed, first)
+
+
+@contextlib.contextmanager
+def weights_digest_beside(model) -> Iterator[Callable[[], str]]:
+    """A callable giving `model.weights_sha256`, hashed meanwhile beside the caller's forwards.
+
+    Where the forwards leave a core free, hashing the file runs on a helper thread, as
+    hashlib lets go of the GIL (MiniLM's 90 MB on a 2-core host, 1 thread: the check 0.18 s
+    against 0.26 s one after the other); on every core, the helper would only slow the
+    forwards' team, so the digest is then hashed when asked for."""
     if torch.get_num_threads() >= cpu_budget():
-        return _check(model, lambda: model.weights_sha256, references, float32_embed)
+        yield lambda: model.weights_sha256
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="sr-golden-digest") as hashing:
-        digest = hashing.submit(lambda: model.weights_sha256)
-        return _check(model, digest.result, references, float32_embed)
+        yield hashing.submit(lambda: model.weights_sha256).result
 
 
-def _check(model, digest: Callable[[], str], references, float32_embed) -> GoldenResult:
+def _check(
+    model, digest: Callable[[], str], references, float32_embed, first_run: GoldenOutputs | None
+) -> GoldenResult:
     try:
         ids = golden_token_ids(model)
-        first = model.embed(ids)
-        second = model.embed(ids)
-        logits = None
-        if model.head_labels is not None:
-            # The head as served: per text, or per token for a token-classification head.
-            head = model.token_logits if getattr(model, "head_task", None) == "token" else None
-            head = head or model.classify_logits
-            logits = (head(ids), head(ids))
+        first_run = first_run or golden_outputs(model, ids)
+        second_run = golden_outputs(model, ids)
     except Exception as exc:  # a model that cannot run its golden inputs is failed, not crashed
         return GoldenResult("failed", f"golden inputs raised {type(exc).__name__}: {exc}")
-
+    first, second = first_run.embeddings, second_run.embeddings
     if not torch.isfinite(first).all():
         return GoldenResult("failed", "golden embeddings contain NaN or infinity")
     if not torch.equal(first, second):
         diff = float((first - second).abs().max())
         return GoldenResult("failed", f"reruns differ (max abs diff {diff:.3g})", diff)
-    if logits is not None and not torch.equal(*logits):
+    if first_run.logits is not None and not torch.equal(first_run.logits, second_run.logits):
         return GoldenResult("failed", "classification head reruns differ")
 
     dtype = getattr(model, "dtype", torch.float32)

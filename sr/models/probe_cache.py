@@ -13,6 +13,8 @@ The short-matrix cut-offs (sr.models.gemm_rows: how many rows a product needs be
 rows stop depending on the row count) are the same kind of answer, measured for each of a
 model's product shapes when its fork server loads it: about a quarter of a second of every
 start for MiniLM. They are kept in a second file, per probe key and shape and kernel.
+A worker's golden check and batching probe are kept in a third (sr.worker.kept_checks says
+what its key holds and when a kept entry is used).
 
 Where: sr.settings.host_cache_dir (`$SR_CACHE_DIR`, else `$XDG_CACHE_HOME/sr`, else
 `~/.cache/sr`; `SR_CACHE_DIR=off` turns the cache off); one JSON file, replaced atomically.
@@ -33,6 +35,7 @@ import torch
 PROBE_VERSION = 1
 FILE_NAME = "kernel-probe.json"
 CUT_OFF_FILE_NAME = "gemm-cut-offs.json"
+START_CHECKS_FILE_NAME = "start-checks.json"
 _MAX_ENTRIES = 64  # hosts, torch versions and thread counts one home has seen
 _MAX_CUT_OFFS = 1024  # a model has 4 to 8 product shapes
 
@@ -111,6 +114,23 @@ def load_cut_offs(path: Path | None, base: str) -> dict[tuple[int, int, str], in
 def store_cut_offs(path: Path | None, cut_offs: Mapping[str, int]) -> None:
     """Keep `cut_offs` (key -> rows), the file replaced atomically; errors are ignored."""
     _replace_entries(path, dict(cut_offs), _MAX_CUT_OFFS)
+
+
+def start_checks_file(folder: Path | None) -> Path | None:
+    """The file of kept start checks in `folder` (None: the cache is off)."""
+    return None if folder is None else folder / START_CHECKS_FILE_NAME
+
+
+def load_entry(path: Path | None, key: str) -> dict | None:
+    """The object kept under `key` in `path`, or None."""
+    entry = _entries(path).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def store_entry(path: Path | None, key: str, entry: dict, most: int) -> None:
+    """Keep `entry` under `key` (at most `most` entries, the oldest dropped; the file
+    replaced atomically); errors are ignored."""
+    _replace_entries(path, {key: entry}, most)
 
 
 def _replace_entries(path: Path | None, new: dict[str, object], most: int) -> None:

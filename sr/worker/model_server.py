@@ -19,11 +19,13 @@ Rules:
   probes, and it loads the model on oneDNN (the usual answer) while the child runs,
   loading it again only where the probe chooses BLAS.
 * Every check a worker makes at start still runs in each replica, on the shared model: the
-  golden check, the batching probe, thread calibration. Each replica sets its own threads.
-  The one exception is the cut-off at 1 thread, found here at load: a replica at 1 thread
-  inherits it instead of measuring it. Like the kernel choice it is kept on disk per host
-  (sr.models.probe_cache); a host's first start measures the model's shapes side by side,
-  one per core (sr.models.gemm_rows.measure_many: MiniLM's take 0.29 s one after another).
+  golden check, the batching probe, thread calibration (the first two from what is kept per
+  host where the replica's golden answers match it: sr.worker.kept_checks). Each replica
+  sets its own threads. The one exception is the cut-off at 1 thread, found here at load: a
+  replica at 1 thread inherits it instead of measuring it. Like the kernel choice it is kept
+  on disk per host (sr.models.probe_cache); a host's first start measures the model's shapes
+  side by side, one per core (sr.models.gemm_rows.measure_many: MiniLM's take 0.29 s one
+  after another).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -33,12 +34,16 @@ from sr.errors import (
 from sr.events import EventSink
 from sr.http.hop import NO_HOP, Hop
 from sr.http.jsonbody import compact_json
+from sr.models import probe_cache
+from sr.models.golden import golden_check
 from sr.request_id import current as current_request_id
+from sr.settings import host_cache_dir
 from sr.worker import validation
 from sr.worker.device_thread import DeviceThread
 from sr.worker.embedding_answer import VectorList
 from sr.worker.engine import INLINE_FORWARD_TOKENS, Engine
 from sr.worker.faults import FaultState
+from sr.worker.kept_checks import start_checks
 from sr.worker.metrics import WorkerMetrics
 from sr.worker.options import WorkerOptions
 from sr.worker.placement import placement_for
@@ -50,7 +55,6 @@ from sr.worker.timing import RequestTiming
 from sr.worker.timing import current as current_timing
 from sr.worker.warmup import (
     ProbeResult,
-    batch_invariance_probe,
     core_yield_for,
     resolve_limits,
 )
@@ -94,12 +98,6 @@ def load_from_artifact(options: WorkerOptions):
     )
 
 
-def default_golden_check(model):
-    from sr.models.golden import golden_check
-
-    return golden_check(model)
-
-
 class WorkerService:
     def __init__(
         self,
@@ -107,7 +105,7 @@ class WorkerService:
         *,
         events: EventSink | None = None,
         load_model_fn: Callable[[WorkerOptions], Any] = load_from_artifact,
-        golden_check_fn: Callable[[Any], Any] = default_golden_check,
+        golden_check_fn: Callable[..., Any] = golden_check,
         exit_process: Callable[[int], Any] = os._exit,
         adaptive_mode: int = 0,
         host_cpu_flags: frozenset[str] | None = None,
@@ -225,6 +223,18 @@ class WorkerService:
         status = {"status": self.state.value, "reason": self.reason}
         return 503, JSON_HEADERS, compact_json(status).encode()
 
+    def _kept_checks_file(self) -> Path | None:
+        """Where the start checks are kept (sr.worker.kept_checks): for a CPU worker at a
+        fixed thread count, on sr's own loader and golden check; None otherwise."""
+        if (
+            self.options.device != "cpu"
+            or self.runner.mode
+            or self._load_model_fn is not load_from_artifact
+            or self._golden_check_fn is not golden_check
+        ):
+            return None
+        return probe_cache.start_checks_file(host_cache_dir())
+
     async def _start(self, device: DeviceThread) -> bool:
         options = self.options
         self._set_state(WorkerState.LOADING)
@@ -256,8 +266,14 @@ class WorkerService:
         self._set_state(WorkerState.WARMING)
         try:
             self.cpu_placement = await device.run(self._place_peers)
-            golden = await device.run(
-                lambda: self.runner.run(lambda: self._golden_check_fn(model), 0)
+            golden, probe = await device.run(
+                lambda: start_checks(
+                    model,
+                    self.runner,
+                    limits.max_input_tokens,
+                    self._kept_checks_file(),
+                    self._golden_check_fn,
+                )
             )
             self.golden = {
                 "status": golden.status,
@@ -270,9 +286,7 @@ class WorkerService:
             if golden.status != "passed":
                 self._set_state(WorkerState.FAILED, f"golden check failed: {golden.reason}")
                 return False
-            self.probe = await device.run(
-                lambda: batch_invariance_probe(model, self.runner, limits.max_input_tokens)
-            )
+            self.probe = probe
             calibrate = getattr(model, "calibrate_threads", None)
             if calibrate is not None:
                 await device.run(lambda: self.runner.at_each_count(calibrate))
