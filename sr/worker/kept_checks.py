@@ -62,7 +62,8 @@ def start_checks(
 ) -> tuple[GoldenResult, ProbeResult | None]:
     """The golden check and, when it passes, the batching probe (None when it fails), on
     the device thread. `kept_file`: sr.models.probe_cache.start_checks_file, or None to
-    run both in full (`check` is then the golden check run)."""
+    run both in full. `check`: the golden check (sr.models.golden.golden_check; with a
+    kept file it is handed the first run of the golden inputs as `first`)."""
     if kept_file is None:
         return _in_full(model, runner, max_input_tokens, check)
     try:
