@@ -4,11 +4,14 @@
 
 What a user waits for after `sr serve`: the process is started with one CPU worker (1
 thread) and a fresh config file, and a client sends `POST /v1/embeddings` every 20 ms
-(connection refused, 503 and 404 all count as "not yet") until one answers 200. Reported
-per run: seconds to the listener's first answer (`/health`), to the first 200, and the
-import time of `sr.router.serve` in a fresh interpreter (the router's own code, before any
-worker exists). With `--baseline REV` the same is run on `git archive REV`, sides
-alternating (C B B C ...), so host noise hits both alike; ratios are candidate / baseline.
+(connection refused, 503 and 404 all count as "not yet") until one answers 200. Reported per
+run: seconds to the listener's first answer (`/health`), to the first 200, and the import
+time of `sr.router.serve` in a fresh interpreter (the router's own code, before any worker
+exists). From each run's JSON log: seconds to the model's fork server ready (torch and sr
+imported, the model loaded) and the worker's warm-up (golden check, batching probe,
+calibration), so a start's time splits into imports, load, warm-up and the rest. With
+`--baseline REV` the same is run on `git archive REV`, sides alternating (C B B C ...), so
+host noise hits both alike; ratios are candidate / baseline.
 
 Each run uses its own TMPDIR, so no run finds another's sockets; nothing is cached between
 runs by sr itself unless the tree under test caches on purpose (its cache directory is
@@ -21,6 +24,7 @@ Writes bench/results/cold_start.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -71,12 +75,16 @@ def one_start(tree: Path, scratch: Path, cache_home: Path) -> dict:
     port = free_port()
     workdir = Path(tempfile.mkdtemp(dir=scratch))
     env = {**os.environ, "PYTHONPATH": str(tree), "TMPDIR": str(workdir),
-           "XDG_CACHE_HOME": str(cache_home), "VLLM_SRUN_RESULT_CACHE": "0"}  # fmt: skip
+           "XDG_CACHE_HOME": str(cache_home), "VLLM_SRUN_RESULT_CACHE": "0",
+           "SR_LOG_FORMAT": "json"}  # fmt: skip
     argv = [sys.executable, "-m", "sr", "serve", "--config", str(workdir / "config.yaml"),
             "--port", str(port), "--threads", "1"]  # fmt: skip
+    log_path = workdir / "stderr.log"
+    launched = time.time()  # the log's clock: its events carry wall-clock `ts`
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL,
+                                stderr=log)  # fmt: skip
     listening = first_200 = None
     try:
         while time.perf_counter() - started < _TIMEOUT_S:
@@ -97,8 +105,40 @@ def one_start(tree: Path, scratch: Path, cache_home: Path) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        stages = _stages(log_path, launched)
         shutil.rmtree(workdir, ignore_errors=True)
-    return {"listening_s": round(listening, 3), "first_200_s": round(first_200, 3)}
+    return {"listening_s": round(listening, 3), "first_200_s": round(first_200, 3), **stages}
+
+
+def _stages(log_path: Path, launched: float) -> dict:
+    """Seconds from launch to a start's milestones, from its JSON log: the model's fork
+    server ready (model loaded), the worker warming (golden check, batching probe,
+    calibration) and done warming. None for a milestone the log lacks (a tree without
+    the event, or a spawned worker)."""
+    first: dict[str, float] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("ts"), int | float):
+            continue
+        event = record.get("event")
+        if event == "worker_state":
+            event = f"worker_{record.get('state')}"
+        first.setdefault(str(event), record["ts"] - launched)
+    model_ready, warming = first.get("model_server_ready"), first.get("worker_warming")
+    warmed = first.get("worker_batching")
+    return {
+        "model_server_ready_s": None if model_ready is None else round(model_ready, 3),
+        "warm_up_s": None if warming is None or warmed is None else round(warmed - warming, 3),
+    }
+
+
+def _median(values) -> float | None:
+    """The median of the values that are not None, or None."""
+    present = [value for value in values if value is not None]
+    return round(statistics.median(present), 3) if present else None
 
 
 def main() -> None:
@@ -134,13 +174,17 @@ def main() -> None:
             "first_listening_s": round(statistics.median(r["listening_s"] for r in first), 3),
             "first_first_200_s": round(statistics.median(r["first_200_s"] for r in first), 3),
             "listening_s": round(statistics.median(r["listening_s"] for r in later), 3),
+            "model_server_ready_s": _median(r["model_server_ready_s"] for r in later),
+            "warm_up_s": _median(r["warm_up_s"] for r in later),
             "first_200_s": round(statistics.median(r["first_200_s"] for r in later), 3),
             "runs": side_runs,
         }
-    header = ["side", "import sr.router.serve s", "listening s",
-              "first 200 s, a host's first (median)", "first 200 s, later (median)"]  # fmt: skip
-    rows = [[side, s["import_router_s"], s["listening_s"], s["first_first_200_s"],
-             s["first_200_s"]] for side, s in summary.items()]  # fmt: skip
+    header = ["side", "import sr.router.serve s", "listening s", "model loaded s",
+              "worker warm-up s", "first 200 s, a host's first (median)",
+              "first 200 s, later (median)"]  # fmt: skip
+    rows = [[side, s["import_router_s"], s["listening_s"], s["model_server_ready_s"],
+             s["warm_up_s"], s["first_first_200_s"], s["first_200_s"]]
+            for side, s in summary.items()]  # fmt: skip
     result: dict = {"baseline": args.baseline, "sides": summary}
     if "baseline" in summary:
         candidate, baseline = summary["candidate"], summary["baseline"]
@@ -148,7 +192,7 @@ def main() -> None:
         first_ratio = candidate["first_first_200_s"] / baseline["first_first_200_s"]
         result["first_200_ratio"] = round(ratio, 3)
         result["first_start_ratio"] = round(first_ratio, 3)
-        rows.append(["ratio", "", "", f"{first_ratio:.3f}", f"{ratio:.3f}"])
+        rows.append(["ratio", "", "", "", "", f"{first_ratio:.3f}", f"{ratio:.3f}"])
     print_table(header, rows)
     write_result("cold_start", result)
 
