@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 import sr
@@ -79,7 +80,7 @@ def start_checks(
         return kept
     golden, probe = _in_full(model, runner, max_input_tokens, functools.partial(check, first=first))
     if probe is not None:
-        entry = {"answers": answers, "golden": _golden_fields(golden), "probe": probe.card()}
+        entry = {"answers": answers, "golden": attrs.asdict(golden), "probe": probe.card()}
         probe_cache.store_entry(kept_file, key, entry, _MAX_ENTRIES)
     return golden, probe
 
@@ -110,7 +111,7 @@ def check_key(model, threads: int, max_input_tokens: int, weights_sha256: str) -
 @functools.cache
 def source_identity() -> str:
     """The digest of every sr source file's path, size and mtime: another tree, or an edit,
-    is another key (about a millisecond, once per process)."""
+    is another key (2-3 ms on the 2-core host, once per process)."""
     root = Path(sr.__file__).parent
     digest = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
@@ -121,17 +122,6 @@ def source_identity() -> str:
                 stat = os.stat(path)
                 digest.update(f"{path}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
-
-
-def _golden_fields(golden: GoldenResult) -> dict[str, Any]:
-    return {
-        "status": golden.status,
-        "reason": golden.reason,
-        "max_abs_diff": golden.max_abs_diff,
-        "reference": golden.reference,
-        "min_cosine": golden.min_cosine,
-        "against": golden.against,
-    }
 
 
 def _kept(entry: dict | None, answers: str) -> tuple[GoldenResult, ProbeResult] | None:
@@ -146,6 +136,4 @@ def _kept(entry: dict | None, answers: str) -> tuple[GoldenResult, ProbeResult] 
         kept_probe = ProbeResult(bool(probe["passed"]), probe["detail"] + _KEPT_PROBE)
     except (TypeError, KeyError):
         return None
-    if not result.passed or not isinstance(kept_probe.detail, str):
-        return None
-    return result, kept_probe
+    return (result, kept_probe) if result.passed else None

@@ -84,11 +84,18 @@ def test_a_failed_check_is_never_kept(tiny_model_dir, kept_file, probes):
     assert probes == [] and not kept_file.exists()
 
 
-def test_a_damaged_entry_runs_both_in_full(tiny_model_dir, kept_file, probes):
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda golden: {"status": "passed"},  # the reason and more are missing
+        lambda golden: {**golden, "status": "failed"},  # no file sr wrote holds a failure
+    ],
+)
+def test_a_damaged_entry_runs_both_in_full(tiny_model_dir, kept_file, probes, damage):
     start_checks(load_model(tiny_model_dir), ForwardRunner(1), 64, kept_file)
     entries = json.loads(kept_file.read_text())
     for entry in entries.values():
-        entry["golden"] = {"status": "passed"}  # the reason and more are missing
+        entry["golden"] = damage(entry["golden"])
     kept_file.write_text(json.dumps(entries))
     golden, probe = start_checks(load_model(tiny_model_dir), ForwardRunner(1), 64, kept_file)
     assert golden.passed and "kept" not in golden.reason
