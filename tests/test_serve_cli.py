@@ -298,7 +298,7 @@ def test_invalid_config_lists_every_issue(tmp_path, capsys, router):
         "        replica: []\n        max_num_seqs: 0\n"
     )
     assert serve(path, "-dp", "2") == 2
-    # SPEC section 2: a usage error is one line, so every issue shares it
+    # a usage error is one line, so every problem shares it
     assert one_error_line(capsys) == (
         f"sr serve: error: {path}: global.model_catalog.deployments.primary.replica:"
         " unknown key; did you mean 'replicas'?;"
@@ -399,7 +399,7 @@ def test_help_exits_zero(capsys):
 def test_threads_above_the_cpu_budget_are_capped_silently(
     tmp_path, capsys, router, monkeypatch, asked, budget, given
 ):
-    # same rule as VLLM_SRUN_CPU_THREADS (SPEC section 7): capped at the budget, no message
+    # same rule as VLLM_SRUN_CPU_THREADS : capped at the budget, no message
     monkeypatch.setattr(serve_cli, "cpu_budget", lambda: budget)
     assert serve(tmp_path / "c.yaml", "--threads", str(asked)) == 0
     assert router[0]["t"] == given

@@ -21,7 +21,7 @@ import attrs
 import httpx
 import trio
 
-DOCUMENTED = {  # SPEC section 8: status -> the error codes that status may carry
+DOCUMENTED = {  # the error contract: each status -> the only error codes it may carry
     400: {"invalid_request"},
     401: {"invalid_api_key"},
     404: {"model_not_found"},

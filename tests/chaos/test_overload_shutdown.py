@@ -19,7 +19,7 @@ from tests.serve_process import set_fault_async, wait_gone
 
 pytestmark = pytest.mark.chaos
 
-ADMISSION_CAP = 32  # SPEC section 5: in-flight HTTP requests per worker
+ADMISSION_CAP = 32  # a worker admits 32 in-flight HTTP requests; the excess gets 503 overloaded
 
 
 async def _burst(client, total: int, *, client_timeout_s: float) -> list:

@@ -18,7 +18,7 @@ from sr.config.schema import (
 )
 from sr.errors import ConfigError
 
-# The SPEC section 3 example in canonical form: null fields left out, block style.
+# A full config in canonical form: null fields left out, block style, keys in schema order.
 CANONICAL = """\
 global:
   router:

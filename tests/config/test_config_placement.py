@@ -1,4 +1,5 @@
-"""Placement rules of SPEC section 2, as pure functions."""
+"""Where `sr serve` places a deployment's workers (-dp, --device-ids, the visible-device
+mask), as pure functions."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def primary_devices(cfg: SrConfig) -> list[str]:
     return devices(cfg.deployments["primary"].placements())
 
 
-# ---- SPEC examples ------------------------------------------------------------------
+# ---- worked examples: masks, authored placements, short GPUs, a shared GPU -----------
 
 
 def test_spec_mask_7_3_maps_ids_3_7_to_rocm_1_rocm_0():

@@ -22,7 +22,7 @@ artifacts = st.one_of(st.from_regex(r"[a-z]+/[A-Za-z0-9.-]{1,12}", fullmatch=Tru
 managed = st.builds(
     Replica, device=st.one_of(st.just("cpu"), st.integers(0, 7).map(lambda i: f"cuda:{i}"))
 )
-# model is filled in with the deployment's artifact: replicas share it (SPEC section 3)
+# model is filled in with the deployment's artifact: every replica serves the same model
 attached = st.builds(Replica, endpoint=st.integers(1, 65535).map(lambda p: f"http://10.0.0.5:{p}"))
 optional_positive = st.one_of(st.none(), st.integers(1, 10**6))
 

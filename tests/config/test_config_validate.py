@@ -302,7 +302,7 @@ def test_listener_rules():
 
 @pytest.mark.parametrize("count", [0, 2, 3])
 def test_exactly_one_listener(count):
-    # the router serves listeners[0] only (SPEC section 8): others would be silently ignored,
+    # the router serves listeners[0] only, so exactly one is allowed: others would be ignored,
     # and none would silently serve 127.0.0.1:8899 without the api_keys the file used to list
     cfg = with_primary()
     cfg.listeners = [Listener(port=9000 + i) for i in range(count)]

@@ -1,4 +1,4 @@
-"""Dispatch, admission and backoff rules (SPEC section 5), with an injected clock."""
+"""Dispatch, admission and backoff rules, with an injected clock."""
 
 from __future__ import annotations
 

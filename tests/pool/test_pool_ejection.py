@@ -1,4 +1,4 @@
-"""Outlier ejection (SPEC section 6): one test per rule, with an injected clock."""
+"""Outlier ejection: one test per rule, with an injected clock."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The front door's holes of issue 13, as tables, against both ways sr serves HTTP: the
-worker's plain handler and the router's ASGI app (RouterApp with an API key), each over
-real loopback sockets. Every row is answered the same way on both sides."""
+"""The front door's rules for hostile and malformed requests, as tables, against both ways
+sr serves HTTP: the worker's plain handler and the router's ASGI app (RouterApp with an API
+key), each over real loopback sockets. Every row is answered the same way on both sides."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def chunked(side: str, body_lines: bytes, extra: bytes = b"") -> bytes:
     )
 
 
-# -- malformed framing: 400 and close (issue 13, item 4) ------------------------------------
+# -- malformed framing: 400 and close ----------------------------------------------------------
 FRAMING = {
     "chunk size zz": b"Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
     "chunk size overflow": b"Transfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\nab\r\n",
