@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
@@ -24,7 +26,7 @@ from sr.models.families import family_for
 from sr.models.gemm_rows import ProductKey
 from sr.models.heads import TOKEN, check_architectures, check_served_head
 from sr.models.linear import choose_kernel, for_model, product_keys
-from sr.models.pooling import pool
+from sr.models.pooling import pool, pool_arrays
 from sr.models.splade import SpladeHead
 
 
@@ -52,6 +54,9 @@ class EncoderModel:
         self.adapter = adapter
         self.layout = layout
         self.backbone = backbone
+        # Set by an engine that computes each row's hidden states as a float32 numpy array
+        # [L, H] (ONNX Runtime): `embed` then pools them without a torch operator.
+        self.hidden_arrays: Callable[[list[list[int]]], list[np.ndarray]] | None = None
         self.device: torch.device = backbone.device  # the one device the weights live on
         self.tokenizer = tokenizer
         self.max_position_embeddings: int = backbone.max_positions
@@ -173,6 +178,13 @@ class EncoderModel:
     def _pack(
         self, batch: list[list[int]], second_starts: list[int] | None = None
     ) -> tuple[torch.Tensor, Packed]:
+        lengths, flat = self._check_rows(batch)
+        packed = Packed(lengths, second_starts)
+        return torch.tensor(flat, dtype=torch.long, device=self.device), packed
+
+    def _check_rows(self, batch: list[list[int]]) -> tuple[list[int], list[int]]:
+        """(each row's length, every id in order), ValueError for rows the model cannot
+        take."""
         if not batch:
             raise ValueError("empty batch")
         lengths = [len(row) for row in batch]
@@ -187,8 +199,7 @@ class EncoderModel:
         # Checked on the Python list: cheaper than two tensor reductions for short rows.
         if min(flat) < 0 or max(flat) >= self.backbone.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.backbone.vocab_size})")
-        packed = Packed(lengths, second_starts)
-        return torch.tensor(flat, dtype=torch.long, device=self.device), packed
+        return lengths, flat
 
     def calibrate_threads(self) -> int:
         """Measure the BLAS short-matrix cut-off at the thread count now in force (a few ms,
@@ -216,6 +227,14 @@ class EncoderModel:
         under `include_prompt: false`). A sparse encoder answers its SPLADE vectors."""
         if normalize is None:
             normalize = self.normalize
+        if self.hidden_arrays is not None and self.sparse_head is None:
+            # An engine answering numpy rows (ONNX Runtime): no torch operator on the way.
+            self._check_rows(batch)
+            rows = self.hidden_arrays(batch)
+            vectors = pool_arrays(
+                rows, self.pooling_modes, normalize, self.dense or None, pooled_from
+            )
+            return torch.from_numpy(vectors)
         ids, packed = self._pack(batch)
         with torch.inference_mode():
             hidden = self.backbone.hidden_states(ids, packed)
@@ -405,4 +424,5 @@ def load_model(
         from sr.settings import host_cache_dir
 
         model.backbone = OrtBackbone(backbone, export_graph(model, backbone, host_cache_dir()))
+        model.hidden_arrays = model.backbone.hidden_rows
     return model

@@ -3,9 +3,11 @@
 Why: one short text spends about a fifth of the eager forward between operators (Python
 and torch's dispatch, measured in docs/benchmarks.md); ORT runs the same graph with a few
 microseconds between kernels. Everything around the backbone stays sr's: the tokenizer,
-the limits, pooling, the Dense modules, normalisation and the heads run in torch on the
-hidden states ORT returns, so a deployment answers what the torch engine answers (within
-1e-5) through the same code.
+the limits, pooling, the Dense modules, normalisation and the heads run on the hidden
+states ORT returns through the torch engine's own code, so a deployment answers what the
+torch engine answers (within 1e-5). Embeddings take ORT's rows as numpy arrays straight to
+sr.models.pooling's numpy pooling (`hidden_rows`): no torch operator between the run and
+the vector.
 
 Rules:
 * Export: torch's TorchScript exporter traces the family's own `hidden_states` on one row
@@ -336,6 +338,16 @@ class OrtBackbone:
             self._session = new_session(self.exported.model, self._threads)
             self._session_pid = pid
         return self._session.run(None, feed)[0]
+
+    def hidden_rows(self, batch: list[list[int]]) -> list[np.ndarray]:
+        """Each row's last hidden states, float32 [L, H], one ORT run per row, every token
+        of type 0 (one text a row): the embedding path, without a torch operator."""
+        rows = []
+        for row in batch:
+            ids = np.array(row, dtype=np.int64)
+            feed = {"ids": ids, "types": np.zeros_like(ids)} if self._with_types else {"ids": ids}
+            rows.append(self._run(feed))
+        return rows
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T], one ORT run per row."""
