@@ -4,8 +4,9 @@
 
 `sr serve` on the embedded MiniLM (or --artifact), one CPU worker at 1 thread on the torch
 engine (or --engine's), result cache off. One client sends one request at a time, `POST
-/v1/embeddings` with a new short text each, alternating between the router (TCP) and the
-worker itself (its Unix socket).
+/v1/embeddings` with a new short text each (about 10 tokens: bench_onnx's "one short text",
+from the same corpus), alternating between the router (TCP) and the worker itself (its Unix
+socket).
 The worker's own clock comes off each direct answer's `x-sr-timing` (microseconds,
 sr.worker.timing; the router does not pass it on). Medians per stage:
 
@@ -33,14 +34,16 @@ from pathlib import Path
 
 import trio
 
+from bench.bench_profile import case_texts
 from bench.harness import (
     ServeProcess,
     embedded_artifact,
     http_client,
     print_table,
-    unique_text,
     write_result,
 )
+from sr.models import resolve_artifact
+from sr.models.encoder import load_tokenizer
 
 
 def _timing(headers: dict[str, str]) -> list[int]:
@@ -55,12 +58,15 @@ async def measure(router_url: str, worker_socket: str, artifact: str, requests: 
         name: []
         for name in ("router_wall", "direct_wall", "total", "tokenization", "queue", "inference")
     }
+    tokenizer = load_tokenizer(resolve_artifact(artifact))
     for number in range(requests + 20):  # the first 20 warm both paths up
-        text = unique_text("stage")
         order = ("router", "direct") if number % 2 == 0 else ("direct", "router")
         for path in order:
             client, model = (router, "primary") if path == "router" else (worker, artifact)
-            body = json.dumps({"model": model, "input": text + path}).encode()
+            # Never sent before: each text ends in its own tag, so no cache answers it.
+            serial = 2 * number + (path == "direct")
+            text = case_texts(tokenizer, "short", 1, serial=serial)[0]
+            body = json.dumps({"model": model, "input": text}).encode()
             started = time.perf_counter()
             status, headers, _ = await client.request("POST", "/v1/embeddings", body)
             wall = time.perf_counter() - started
