@@ -117,15 +117,8 @@ def pool(
     return torch.from_numpy(pool_arrays(rows, modes, normalize, dense, pooled_from))
 
 
-def pool_tensors(
-    hidden: torch.Tensor,
-    lengths: list[int],
-    modes: tuple[str, ...],
-    normalize: bool,
-    dense: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    pooled_from: list[int] | None = None,
-) -> torch.Tensor:
-    """`pool` in torch, on the device `hidden` lies on."""
+def pool_tensors(hidden, lengths, modes, normalize, dense=None, pooled_from=None) -> torch.Tensor:
+    """`pool` in torch, on the device `hidden` lies on (the arguments are `pool`'s)."""
     if len(lengths) == 1 and len(modes) == 1:
         # One row (a one-text request): its tokens are all of `hidden`, and its vector as a
         # [1, H] view is what stacking it alone copies.
