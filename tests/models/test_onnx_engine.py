@@ -111,6 +111,26 @@ def test_with_the_cache_off_the_graph_is_held_in_memory_and_nothing_is_left(tmp_
     assert [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("sr-onnx-")] == []
 
 
+def test_embeddings_pool_ort_rows_with_no_torch_operator(tmp_path, monkeypatch):
+    """The embedding path takes ORT's numpy rows to numpy pooling: neither the torch-facing
+    `hidden_states` nor torch's pooling runs, and the answer is the torch engine's."""
+    folder = write_reference(tmp_path / "bert", test_families._bert())
+    model = load_model(folder, engine="onnxruntime")
+
+    def torch_path(*args, **kwargs):
+        raise AssertionError("the embedding path went through torch")
+
+    monkeypatch.setattr(model.backbone, "hidden_states", torch_path)
+    monkeypatch.setattr("sr.models.encoder.pool", torch_path)
+    rows = random_rows([1, 7, 40])
+    got = model.embed(rows)
+    monkeypatch.undo()
+    want = load_model(folder).embed(rows)
+    assert got.dtype == torch.float32 and (got - want).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="token ids"):  # the limits still hold on this path
+        model.embed([[0, 10**6]])
+
+
 def test_without_onnxruntime_the_engine_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     import importlib.util
 
