@@ -459,3 +459,16 @@ def test_the_documented_programs_run(tmp_path):
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert wanted in result.stdout
+
+
+def test_the_routers_serving_path_imports_neither_torch_nor_httpx():
+    """The router's start runs these imports before it starts the model's fork server:
+    torch belongs in workers, httpx only in a router with attached workers (sr.pool.transport),
+    and either would hold up every start."""
+    code = (
+        "import sys\n"
+        "import sr.cli, sr.router.serve, sr.pool.supervisor, sr.pool.worker_access\n"
+        "loaded = [m for m in ('torch', 'httpx', 'onnxruntime', 'numpy') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

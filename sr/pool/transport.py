@@ -17,18 +17,23 @@ A transport raises a `sr.errors.TransportError` of the phase that failed (Connec
 WriteFailed, ReadFailed) for anything that is not an HTTP answer: sr.http.client raises
 them itself, httpx's errors are translated here (`_phase_error`), and sr.pool.outcome maps
 them to pool outcomes. Nothing else wraps them.
+
+httpx is imported by the first attached worker's transport, not with this module: it and
+what it pulls in took 0.14 s of every `sr serve` start on a 2-core host, before the model's
+fork server was started, and a router with only managed workers never uses it.
 """
 
 from __future__ import annotations
 
 import ssl
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sr.errors import ConnectFailed, ReadFailed, TransportError, WriteFailed
 from sr.http.client import Http1Pool
 from sr.http.hop import NO_HOP, Hop
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["HttpTransport", "HttpxTransport", "InProcessTransport", "Transport", "TransportError"]
 
@@ -61,6 +66,8 @@ class HttpxTransport:
         ssl_context: ssl.SSLContext | None = None,
         tls_server_name: str | None = None,
     ) -> None:
+        import httpx
+
         self._extensions = {"sni_hostname": tls_server_name} if tls_server_name else None
         verify: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         transport = httpx.AsyncHTTPTransport(uds=uds, retries=0, verify=verify)
@@ -82,6 +89,8 @@ class HttpxTransport:
             headers["traceparent"] = hop.traceparent
         if hop.deployment is not None:
             headers["x-sr-deployment"] = hop.deployment
+        import httpx  # imported already by __init__: a lookup in sys.modules
+
         try:
             response = await self._client.request(
                 method,
@@ -101,6 +110,8 @@ class HttpxTransport:
 def _phase_error(error: httpx.HTTPError) -> TransportError:
     """httpx's error as the phase it failed in: connecting (also a connect timeout or a
     refused pool slot), writing the request, or anything after it was written."""
+    import httpx
+
     text = _describe_httpx_error(error)
     if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
         return ConnectFailed(text)
