@@ -339,30 +339,28 @@ class OrtBackbone:
             self._session_pid = pid
         return self._session.run(None, feed)[0]
 
+    def _row(self, ids: np.ndarray, types: np.ndarray | None) -> np.ndarray:
+        """One row's last hidden states [L, H]; its tokens of type 0 where the family has
+        types and none are given."""
+        feed = {"ids": ids}
+        if self._with_types:
+            feed["types"] = np.zeros_like(ids) if types is None else types
+        return self._run(feed)
+
     def hidden_rows(self, batch: list[list[int]]) -> list[np.ndarray]:
-        """Each row's last hidden states, float32 [L, H], one ORT run per row, every token
-        of type 0 (one text a row): the embedding path, without a torch operator."""
-        rows = []
-        for row in batch:
-            ids = np.array(row, dtype=np.int64)
-            feed = {"ids": ids, "types": np.zeros_like(ids)} if self._with_types else {"ids": ids}
-            rows.append(self._run(feed))
-        return rows
+        """Each row's last hidden states, float32 [L, H], one ORT run per row, one text a
+        row: the embedding path, without a torch operator."""
+        return [self._row(np.array(row, dtype=np.int64), None) for row in batch]
 
     def hidden_states(self, ids: torch.Tensor, packed: Packed) -> torch.Tensor:
         """Last hidden states [T, H] of packed token ids [T], one ORT run per row."""
         flat = ids.cpu().numpy()
         types = packed.second_text_tokens(ids.device) if self._with_types else None
-        if types is None and self._with_types:
-            types_flat = np.zeros_like(flat)
-        elif types is not None:
-            types_flat = types.cpu().numpy()
-        rows = []
-        for start, end in zip(packed.starts, packed.starts[1:], strict=False):
-            feed = {"ids": flat[start:end]}
-            if self._with_types:
-                feed["types"] = types_flat[start:end]
-            rows.append(self._run(feed))
+        types_flat = None if types is None else types.cpu().numpy()
+        rows = [
+            self._row(flat[start:end], None if types_flat is None else types_flat[start:end])
+            for start, end in zip(packed.starts, packed.starts[1:], strict=False)
+        ]
         hidden = rows[0] if len(rows) == 1 else np.concatenate(rows)
         return torch.from_numpy(hidden)
 

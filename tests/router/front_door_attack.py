@@ -20,11 +20,9 @@ import trio
 READY = "attacking"
 
 
-class Counts:
-    def __init__(self) -> None:
-        self.cut: dict[str, int] = dict.fromkeys(
-            ["slow head cut", "slow body cut", "never read dropped", "idle reclaimed"], 0
-        )
+# Each limit and how many times it cut its attacker.
+Cut = dict[str, int]
+LIMITS = ("slow head cut", "slow body cut", "never read dropped", "idle reclaimed")
 
 
 async def until_closed(stream: trio.SocketStream) -> bytes:
@@ -37,7 +35,7 @@ async def until_closed(stream: trio.SocketStream) -> bytes:
     return received
 
 
-async def slow_head(port: int, counts: Counts, end: float) -> None:
+async def slow_head(port: int, cut: Cut, end: float) -> None:
     while trio.current_time() < end:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         with trio.move_on_at(end):
@@ -48,12 +46,12 @@ async def slow_head(port: int, counts: Counts, end: float) -> None:
                 # 408 at the head timeout, or 503 when the connection cap reclaimed it
                 # (a trickled head has waited since its connection was accepted).
                 if (await until_closed(stream))[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 503"):
-                    counts.cut["slow head cut"] += 1
+                    cut["slow head cut"] += 1
                 nursery.cancel_scope.cancel()
         await stream.aclose()
 
 
-async def slow_body(port: int, counts: Counts, end: float) -> None:
+async def slow_body(port: int, cut: Cut, end: float) -> None:
     head = b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Length: 500\r\n\r\n"
     while trio.current_time() < end:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -65,7 +63,7 @@ async def slow_body(port: int, counts: Counts, end: float) -> None:
                 # a fast host the idle flood reconnects so quickly that a body's 20 ms
                 # between bytes is the longest any connection has waited.
                 if (await until_closed(stream))[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 503"):
-                    counts.cut["slow body cut"] += 1
+                    cut["slow body cut"] += 1
                 nursery.cancel_scope.cancel()
         await stream.aclose()
 
@@ -80,7 +78,7 @@ async def _trickle(stream: trio.SocketStream, data: bytes) -> None:
     await trio.sleep_forever()
 
 
-async def never_read(port: int, counts: Counts, end: float) -> None:
+async def never_read(port: int, cut: Cut, end: float) -> None:
     body = json.dumps({"model": "primary", "input": "a"}).encode()
     head = b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n"
     request = head % len(body)
@@ -96,7 +94,7 @@ async def never_read(port: int, counts: Counts, end: float) -> None:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             if await _reset_without_reading(sock):
-                counts.cut["never read dropped"] += 1
+                cut["never read dropped"] += 1
         await stream.aclose()
 
 
@@ -109,7 +107,7 @@ async def _reset_without_reading(sock) -> bool:
     return True
 
 
-async def idle_flood(port: int, counts: Counts, end: float, held: int) -> None:
+async def idle_flood(port: int, cut: Cut, end: float, held: int) -> None:
     """Keep `held` connections open without sending anything; count the ones closed."""
 
     async def one() -> None:
@@ -117,7 +115,7 @@ async def idle_flood(port: int, counts: Counts, end: float, held: int) -> None:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             with trio.move_on_at(end):
                 await until_closed(stream)
-                counts.cut["idle reclaimed"] += 1
+                cut["idle reclaimed"] += 1
             await stream.aclose()
             await trio.sleep(0.01)  # reconnects at once, but not in a hot loop of this process
 
@@ -129,19 +127,19 @@ async def idle_flood(port: int, counts: Counts, end: float, held: int) -> None:
 async def attack(port: int, seconds: float) -> dict[str, int]:
     """Every attacker against 127.0.0.1:`port` for `seconds`; the cut counts. Each attacker
     closes its connection before it returns, so none is left open once this returns."""
-    counts = Counts()
+    cut: Cut = dict.fromkeys(LIMITS, 0)
     with trio.fail_after(seconds + 10):
         end = trio.current_time() + seconds
         print(READY, flush=True)
         async with trio.open_nursery() as nursery:
             for _ in range(16):
-                nursery.start_soon(slow_head, port, counts, end)
+                nursery.start_soon(slow_head, port, cut, end)
             for _ in range(8):
-                nursery.start_soon(slow_body, port, counts, end)
+                nursery.start_soon(slow_body, port, cut, end)
             for _ in range(8):
-                nursery.start_soon(never_read, port, counts, end)
-            nursery.start_soon(idle_flood, port, counts, end, 200)
-    return counts.cut
+                nursery.start_soon(never_read, port, cut, end)
+            nursery.start_soon(idle_flood, port, cut, end, 200)
+    return cut
 
 
 def main(argv: list[str]) -> None:
