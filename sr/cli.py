@@ -30,5 +30,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import importlib
 
-    module = importlib.import_module(module_name)
-    return module.main(rest)
+    if command != "serve":
+        return importlib.import_module(module_name).main(rest)
+    # The fork server imports torch for seconds: started first, before `sr serve` imports
+    # its own code and reads its config (sr.pool.fork_start), and never left behind.
+    from sr.errors import UsageError
+    from sr.pool import fork_start
+    from sr.settings import read_process_settings
+
+    try:
+        fork_start.start_early(rest, read_process_settings().environ)
+    except UsageError:  # a malformed variable: `sr serve` reports it and starts nothing
+        pass
+    try:
+        return importlib.import_module(module_name).main(rest)
+    finally:
+        fork_start.discard()

@@ -7,10 +7,13 @@ the router's own code.
   sr.pool.forked) or `spawn` (`python -m sr worker` started directly); GPU replicas are
   always spawned.
 * `worker_env`: the environment a worker, or the fork server, starts with.
-* Early start: the fork server spends about a second importing torch before it can fork
-  anything, and the router spends a third of one importing its own code and binding its
-  listener first. `prestart(config, environ)` starts the server at once when the config
-  has a CPU replica to fork, so the two happen side by side; the pool's first fork
+* Early start: the fork server spends one to three seconds importing torch before it can
+  fork anything, and the router spends a third of one importing its own code, reading its
+  config and binding its listener first. `start_early(argv, environ)`, `sr serve`'s first
+  step (sr.cli), starts the server before any of that, on the guess that the config forks
+  a CPU worker (the embedded default does); `prestart(config, environ)`, once the config
+  is read, keeps it only if the config does and with the environment the pool would give
+  it, else closes it and starts one when the config forks a worker. The pool's first fork
   (sr.pool.forked.ForkServer) adopts that server when its module and environment are the
   ones it would have started (`take`), and a server nobody adopted is closed by
   `discard`. Anything unexpected leaves the pool to start its own, as it always did.
@@ -22,11 +25,14 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sr.config.schema import SrConfig
 from sr.thread_budget import adaptive_mode
+
+if TYPE_CHECKING:
+    from sr.config.schema import SrConfig
 
 START_ENV = "SR_WORKER_START"
 START_METHODS = ("fork", "spawn")
@@ -118,12 +124,35 @@ class _Prestarted:
 _prestarted: _Prestarted | None = None
 
 
+# `sr serve` flags that start no server: the early start would only be killed again.
+_NO_SERVER_FLAGS = frozenset({"-h", "--help", "--dry-run"})
+
+
+def start_early(argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Start the fork server before `sr serve` (its arguments `argv`) reads its config,
+    unless CPU workers are spawned here or `argv` asks for no server (see the module)."""
+    if _prestarted is not None or _NO_SERVER_FLAGS.intersection(argv):
+        return
+    if start_method("cpu", environ)[0] == "fork":
+        _start(server_env(worker_env(environ)))  # UsageError: a malformed variable
+
+
 def prestart(config: SrConfig, environ: Mapping[str, str]) -> None:
-    """Start the fork server now if `config` has a CPU replica to fork (see the module)."""
-    global _prestarted
-    if _prestarted is not None or not forks_a_worker(config, environ):
+    """Have the fork server started if `config` has a CPU replica to fork, and only then
+    (see the module): an early one is kept if its environment is the pool's."""
+    if not forks_a_worker(config, environ):
+        discard()
         return
     env = server_env(worker_env(environ))
+    if _prestarted is not None:
+        if _prestarted.env == env:
+            return
+        discard()
+    _start(env)
+
+
+def _start(env: dict[str, str]) -> None:
+    global _prestarted
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         process = subprocess.Popen(
