@@ -6,6 +6,7 @@ fork server forks; a retired model's server exits; the router's death ends them 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import pytest
 from sr.config.schema import Deployment, Replica, SrConfig
 from sr.events import RecordingSink
 from sr.models.artifacts import EMBEDDED_DEFAULT
-from sr.pool import fork_start, forked, open_router
+from sr.pool import fork_start, forked, forkserver, open_router
 from sr.pool.views import ReplicaView
 from tests.pool.test_forkserver import cmdline, parent_of
 from tests.pool.test_pool_e2e import wait_until
@@ -260,3 +261,28 @@ def test_a_first_start_loads_again_only_where_the_probe_overrules_its_guess(answ
         "kernel": {"linear": answer, "reason": "the probe answered"},
         "loads": 1 if answer == "onednn" else 2,
     }
+
+
+def test_the_preload_imports_with_the_collector_off_and_leaves_it_on(monkeypatch, tmp_path):
+    for name in ("sr_preload_probe_a", "sr_preload_probe_b"):  # each notes the collector
+        (tmp_path / f"{name}.py").write_text("import gc\nCOLLECTING = gc.isenabled()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(forkserver, "PRELOAD", ("sr_preload_probe_a", "sr_preload_probe_b"))
+    try:
+        failure = forkserver.import_preloaded()
+    finally:
+        frozen = gc.get_freeze_count()
+        gc.unfreeze()
+    assert failure is None
+    assert [sys.modules[name].COLLECTING for name in forkserver.PRELOAD] == [False, False]
+    assert gc.isenabled() and frozen > 0
+
+
+def test_a_failed_preload_import_is_reported_and_the_collector_left_on(monkeypatch):
+    monkeypatch.setattr(forkserver, "PRELOAD", ("json", "sr.no_such_module"))
+    try:
+        failure = forkserver.import_preloaded()
+    finally:
+        gc.unfreeze()
+    assert failure is not None and failure.startswith("cannot import sr.no_such_module: ")
+    assert gc.isenabled()
