@@ -1,7 +1,8 @@
 """Command line entry point: `sr` and its alias `vllm-sr`.
 
 Thin on purpose: each subcommand parses its arguments and calls library code. Usage
-errors print one line on stderr and exit with status 2.
+errors print one line on stderr and exit with status 2. One step comes before `sr serve`'s
+own imports: its fork server is started (sr.pool.fork_start.start_early).
 """
 
 from __future__ import annotations
