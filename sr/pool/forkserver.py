@@ -53,6 +53,7 @@ import socket
 import sys
 import traceback
 
+from sr.collector import imports_uncollected
 from sr.settings import replace_process_environment
 
 # Modules every worker imports (sr.worker.cli imports the service lazily; families are
@@ -102,23 +103,15 @@ def main(argv: list[str]) -> int:
 
 
 def import_preloaded() -> str | None:
-    """Import PRELOAD; None, or why an import failed.
-
-    The collector is off meanwhile: importing torch makes ~300k objects, and the full
-    collections their count sets off walk all of them to free nothing (module-level objects
-    live as long as the process). Measured on the 2-core AMD host: torch's import 2.5 -> 2.2 s,
-    sr's worker modules after it 0.42 -> 0.24 s. Then frozen and back on: what the imports
-    made is never walked again, and what is made later is collected as usual (and a forked
-    worker starts with the collector on, as a new interpreter does)."""
-    gc.disable()
-    try:
-        for name in PRELOAD:
-            __import__(name)
-    except BaseException as error:
-        return f"cannot import {name}: {type(error).__name__}: {error}"
-    finally:
-        gc.freeze()
-        gc.enable()
+    """Import PRELOAD with the collector paused (sr.collector); None, or why an import
+    failed. The collector is on again afterwards, so a forked worker starts with it on, as a
+    new interpreter does."""
+    with imports_uncollected():
+        try:
+            for name in PRELOAD:
+                __import__(name)
+        except BaseException as error:
+            return f"cannot import {name}: {type(error).__name__}: {error}"
     return None
 
 

@@ -24,6 +24,7 @@ import sys
 import attrs
 import trio
 
+from sr.collector import imports_uncollected
 from sr.config.arguments import OneLineArgumentParser
 from sr.config.engine import add_engine_flags, engine_from_flags
 from sr.errors import UsageError
@@ -188,8 +189,9 @@ async def _run(
     listening: list[str],
     api_key: str | None = None,
 ) -> None:
-    from sr.worker.http import serve_worker
-    from sr.worker.service import WorkerService
+    with imports_uncollected():  # torch's import, without full collections (sr.collector)
+        from sr.worker.http import serve_worker
+        from sr.worker.service import WorkerService
 
     events = EventSink()
     service = WorkerService(options, events=events, adaptive_mode=adaptive)
