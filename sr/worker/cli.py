@@ -189,7 +189,9 @@ async def _run(
     listening: list[str],
     api_key: str | None = None,
 ) -> None:
-    with imports_uncollected():  # torch's import, without full collections (sr.collector)
+    # A spawned worker imports torch here, without full collections (sr.collector); a forked
+    # one finds these modules imported and only freezes what it has made so far.
+    with imports_uncollected():
         from sr.worker.http import serve_worker
         from sr.worker.service import WorkerService
 
